@@ -1,0 +1,3 @@
+from flux_cluster.cli import main
+
+main()

@@ -1,0 +1,44 @@
+"""The flux-cluster command line. Start-up stays light: heavy imports (torch, submitit, pydantic
+models) happen inside the commands that need them, never at import time."""
+
+import typer
+from typer.core import TyperGroup
+
+from flux_cluster.cli import launch, runs, systems
+from flux_cluster.errors import FluxClusterError
+
+
+class _CleanErrors(TyperGroup):
+    """A FluxClusterError (or an OS error such as a full disk) becomes one line on stderr and exit code 2."""
+
+    def invoke(self, ctx):  # type: ignore[no-untyped-def]
+        try:
+            return super().invoke(ctx)
+        except FluxClusterError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(
+    cls=_CleanErrors,
+    name="flux-cluster",
+    help="Run the MLPerf Training flux1 benchmark and FLUX fine-tuning on GPU clusters.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(systems.app, name="systems")
+app.add_typer(runs.app, name="runs")
+app.command()(launch.submit)
+app.command()(launch.preflight)
+app.command()(runs.status)
+app.command()(runs.logs)
+app.command()(runs.cancel)
+
+
+def main() -> None:
+    app()

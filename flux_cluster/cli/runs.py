@@ -1,0 +1,172 @@
+"""flux-cluster runs / status / logs / cancel: follow what was submitted, from its run directory."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flux_cluster.cli.options import RunArgument, RunsDirOption
+from flux_cluster.errors import FluxClusterError
+
+app = typer.Typer(help="List and manage runs (run directories and their Slurm jobs).", no_args_is_help=True)
+
+
+def _load(run: str | None, runs_dir: Path | None):  # type: ignore[no-untyped-def]
+    from flux_cluster.rundir import RunRecord, resolve_run, runs_root
+
+    run_dir = resolve_run(run, runs_root(runs_dir))
+    record = RunRecord.load(run_dir)
+    if record is None:
+        raise FluxClusterError(f"{run_dir}: no jobs.json: the run was never started")
+    return run_dir, record
+
+
+def _local_state(record) -> str:  # type: ignore[no-untyped-def]
+    if record.exit_code is not None:
+        return "COMPLETED" if record.exit_code == 0 else f"FAILED (exit {record.exit_code})"
+    return "RUNNING" if record.pid and Path(f"/proc/{record.pid}").exists() else "UNKNOWN"
+
+
+def _states(record) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    if record.launcher == "local":
+        return {"local": _local_state(record)}
+    from flux_cluster import slurm
+
+    return slurm.job_states(record.job_ids)
+
+
+@app.command("list")
+def list_runs(runs_dir: RunsDirOption = None) -> None:
+    """Table of runs under the runs directory, with their live state."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flux_cluster.rundir import RunRecord, list_runs, read_run_config, runs_root
+
+    root = runs_root(runs_dir)
+    table = Table(title=f"runs under {root}")
+    for column in ("run", "system", "job", "jobs", "state", "started"):
+        table.add_column(column)
+    for run_dir in list_runs(root):
+        system, job = read_run_config(run_dir / "config.yaml")
+        record = RunRecord.load(run_dir)
+        if record is None:
+            ids, state, started = "-", "not started", "-"
+        else:
+            states = _states(record)
+            ids = ",".join(record.job_ids) or "local"
+            state = ", ".join(sorted(set(states.values())))
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.submitted_at))
+        table.add_row(f"{run_dir.parent.name}/{run_dir.name}", system.name, job["name"], ids, state, started)
+    Console().print(table)
+
+
+@app.command("status")
+def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
+    """Live Slurm state of every job and array task of a run (sacct)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    run_dir, record = _load(run, runs_dir)
+    table = Table(title=str(run_dir))
+    if record.launcher == "local":
+        table.add_column("pid")
+        table.add_column("state")
+        table.add_row(str(record.pid), _local_state(record))
+    else:
+        from flux_cluster import slurm
+
+        states = slurm.job_states(record.job_ids)
+        for column in ("job", "state", "elapsed", "nodes", "exit code"):
+            table.add_column(column)
+        for job_id in record.job_ids:
+            info = slurm.job_info(job_id)
+            table.add_row(job_id, states[job_id], info.get("Elapsed", "-"), info.get("NodeList", "-"),
+                          info.get("ExitCode", "-"))
+    Console().print(table)
+
+
+def _log_files(run_dir: Path, record, stderr: bool) -> list[Path]:  # type: ignore[no-untyped-def]
+    from flux_cluster.local_runner import LOCAL_LOG
+
+    if record.launcher == "local":
+        return [run_dir / "slurm" / LOCAL_LOG]
+    suffix = "err" if stderr else "out"
+    return [run_dir / "slurm" / f"{job_id}_0_log.{suffix}" for job_id in record.job_ids]
+
+
+@app.command("logs")
+def logs(
+    run: RunArgument = None,
+    runs_dir: RunsDirOption = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the jobs end.")] = False,
+    task: Annotated[int | None, typer.Option("--task", help="Only this repeat (array task) index.")] = None,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Show the jobs' stderr instead of stdout.")] = False,
+) -> None:
+    """Print a run's job output (all repeats, or one with --task)."""
+    from flux_cluster import slurm
+
+    run_dir, record = _load(run, runs_dir)
+    files = _log_files(run_dir, record, stderr)
+    if task is not None:
+        if not 0 <= task < len(files):
+            raise FluxClusterError(f"--task {task}: the run has tasks 0..{len(files) - 1}")
+        files = [files[task]]
+    offsets = dict.fromkeys(files, 0)
+    while True:
+        for path in files:
+            if path.is_file():
+                with path.open("rb") as handle:
+                    handle.seek(offsets[path])
+                    chunk = handle.read()
+                if chunk:
+                    if len(files) > 1 and not follow:
+                        sys.stdout.write(f"==> {path.name} <==\n")
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                    sys.stdout.flush()
+                    offsets[path] += len(chunk)
+        if not follow:
+            return
+        states = _states(record) if record.launcher == "slurm" else {"local": _local_state(record)}
+        if all(s.split()[0] in slurm.FINAL_STATES for s in states.values()):
+            return
+        time.sleep(1.0)
+        if record.launcher == "local":
+            from flux_cluster.rundir import RunRecord
+
+            record = RunRecord.load(run_dir)
+
+
+@app.command("cancel")
+def cancel(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
+    """Cancel every job of a run (scancel), or stop a local run."""
+    run_dir, record = _load(run, runs_dir)
+    if record.launcher == "local":
+        cmdline = Path(f"/proc/{record.pid}/cmdline")
+        if record.exit_code is None and cmdline.exists() and str(run_dir) in cmdline.read_text():
+            os.kill(record.pid, signal.SIGTERM)
+            typer.echo(f"stopped local run {run_dir} (pid {record.pid})")
+        else:
+            typer.echo(f"local run {run_dir} is not running")
+        return
+    from flux_cluster import slurm
+
+    slurm.cancel(record.job_ids)
+    typer.echo(f"cancelled {', '.join(record.job_ids)}")
+
+
+@app.command("requeue")
+def requeue(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
+    """Requeue every job of a run (scontrol requeue); it resumes from its last checkpoint."""
+    run_dir, record = _load(run, runs_dir)
+    if record.launcher != "slurm":
+        raise FluxClusterError(f"{run_dir}: only Slurm runs can be requeued")
+    from flux_cluster import slurm
+
+    slurm.requeue(record.job_ids)
+    typer.echo(f"requeued {', '.join(record.job_ids)}")
+

@@ -1,0 +1,69 @@
+"""flux-cluster systems: list the shipped and site system configs, show one fully resolved."""
+
+import json
+from typing import Annotated
+
+import typer
+
+from flux_cluster.cli.options import SetOption
+from flux_cluster.errors import FluxClusterError
+
+app = typer.Typer(help="List and inspect system configs.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_systems() -> None:
+    """Show every known system as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flux_cluster.config import known_systems, load_system
+
+    table = Table(title="flux-cluster systems")
+    for column in ("system", "nodes x GPUs", "accelerator", "runtime", "bf16 TFLOP/s", "$/GPU-h", "description"):
+        table.add_column(column, justify="right" if column in ("bf16 TFLOP/s", "$/GPU-h") else "left")
+    for name in known_systems():
+        try:
+            c = load_system(name).config
+        except FluxClusterError as exc:
+            table.add_row(name, "-", "-", "-", "-", "-", f"[red]invalid: {exc}[/red]")
+            continue
+        runtime = "local" if c.launcher == "local" else c.container.runtime
+        table.add_row(name, f"{c.nodes} x {c.gpus_per_node}", c.gpu_model, runtime,
+                      f"{c.peak_bf16_tflops:g}", f"{c.price_per_gpu_hour:.2f}", c.description)
+    Console().print(table)
+
+
+@app.command("show")
+def show_system(
+    name: Annotated[str, typer.Argument(help="System name or YAML path.")],
+    overrides: SetOption = None,
+    output_format: Annotated[str, typer.Option("--format", help="table, yaml or json.")] = "table",
+) -> None:
+    """Show the fully resolved config of a system and where each value came from."""
+    from flux_cluster.config import load_system
+    from flux_cluster.config.loader import flat_view
+
+    resolved = load_system(name, overrides or [])
+    rows = flat_view(resolved)
+    if output_format == "json":
+        typer.echo(json.dumps({k: {"value": v, "source": s} for k, v, s in rows}, indent=2))
+        return
+    if output_format == "yaml":
+        import yaml
+
+        typer.echo(yaml.safe_dump(resolved.config.model_dump(mode="json"), sort_keys=False), nl=False)
+        return
+    if output_format != "table":
+        raise FluxClusterError(f"--format {output_format!r}: expected table, yaml or json")
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"system {resolved.config.name} (from {resolved.file})")
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("source")
+    for key, value, source in rows:
+        style = "dim" if source == "default" else ""
+        table.add_row(key, json.dumps(value), source, style=style)
+    Console().print(table)

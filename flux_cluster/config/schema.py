@@ -1,0 +1,178 @@
+"""Typed system configuration. Every field carries its documentation as an attribute docstring.
+
+Values that end up in ``#SBATCH`` lines are restricted to characters the shell never needs to quote,
+so a directive cannot be split or extended; every other string is shell-quoted when rendered.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+# Characters shlex.quote leaves alone: safe inside an #SBATCH line without quoting.
+SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$")]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Walltime = Annotated[str, StringConstraints(pattern=r"^(\d+|(\d+-)?\d{1,2}(:\d{2}){1,2})$")]
+MemSize = Annotated[str, StringConstraints(pattern=r"^\d+[KMGT]?$")]
+SbatchDirective = Annotated[str, StringConstraints(pattern=r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_@%+=:,./-]+)?$")]
+
+
+def _check_mount(value: str) -> str:
+    parts = value.split(":")
+    if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in value or "\n" in value:
+        raise ValueError("expected 'SRC:DST' or 'SRC:DST:OPTS' with no commas")
+    if not parts[1].startswith("/"):
+        raise ValueError("the mount target (after ':') must be an absolute path")
+    return value
+
+
+Mount = Annotated[str, AfterValidator(_check_mount)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class SlurmConfig(_Section):
+    partition: SafeToken | None = None
+    """Slurm partition (sbatch --partition); None uses the cluster's default partition."""
+    account: SafeToken | None = None
+    """Slurm account to charge (sbatch --account)."""
+    qos: SafeToken | None = None
+    """Quality of service (sbatch --qos)."""
+    walltime: Walltime | None = None
+    """Time limit (minutes, HH:MM:SS or D-HH:MM:SS). None derives it from mlperf.run_minutes as NVIDIA does:
+    5 + N * (run_minutes + 5), with N the experiments that share one allocation."""
+    exclusive: bool = True
+    """Ask for whole nodes (sbatch --exclusive)."""
+    gres_gpus: bool = True
+    """Request the GPUs as GRES (--gpus-per-node); false on clusters that hand out whole nodes without GRES."""
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    """CPU cores per task (one task per GPU)."""
+    mem: MemSize | None = None
+    """Memory per node (sbatch --mem); '0' asks for all of it."""
+    mem_per_cpu: MemSize | None = None
+    """Memory per CPU core (sbatch --mem-per-cpu), an alternative to mem."""
+    requeue: bool = True
+    """Let the job requeue itself after it checkpointed on the time-limit signal."""
+    signal_lead_s: int = Field(default=300, ge=10)
+    """Seconds before the time limit at which Slurm sends SIGUSR1 (sbatch --signal=USR1@lead)."""
+    extra_sbatch: list[SbatchDirective] = []
+    """Additional sbatch directives, e.g. '--reservation=mlperf' or '--constraint=gb200'."""
+    srun_args: list[SafeToken] = []
+    """Additional arguments for every training srun, e.g. '--mpi=pmix' or '--cpu-bind=none'."""
+
+    @model_validator(mode="after")
+    def _one_memory_form(self) -> "SlurmConfig":
+        if self.mem is not None and self.mem_per_cpu is not None:
+            raise ValueError("set either mem or mem_per_cpu, not both")
+        return self
+
+
+class ContainerConfig(_Section):
+    runtime: Literal["pyxis", "docker", "podman", "none"] = "none"
+    """How ranks are started: Pyxis/enroot containers, one docker or podman container per node, or bare metal."""
+    image: str | None = None
+    """Container image: a registry reference (pyxis 'nvcr.io#nvidia/pytorch:25.09-py3'), a .sqsh file, or a
+    docker/podman image name. Required unless runtime is 'none'."""
+    mounts: list[Mount] = []
+    """Extra bind mounts 'SRC:DST[:OPTS]'. The data root and the run directory are mounted automatically."""
+    workdir: str = "/workspace/flux-cluster"
+    """Working directory inside the container."""
+    name: SafeToken = "flux-cluster"
+    """Container name prefix; the job id is appended, so Pyxis reuses one container across the job's steps."""
+    run_args: list[str] = []
+    """Extra 'docker/podman run' arguments, e.g. '--shm-size=64g' (ignored by pyxis)."""
+
+
+def _check_mountable(value: str | None) -> str | None:
+    if value is not None and any(c in value for c in ",:\n"):
+        raise ValueError("it becomes part of a bind-mount spec: no ',', ':' or newline")
+    return value
+
+
+MountablePath = Annotated[str | None, AfterValidator(_check_mountable)]
+
+
+class PathsConfig(_Section):
+    data_root: MountablePath = None
+    """Host path of the Energon dataset root (train/, val/, empty_encodings/, .nv-meta/)."""
+    data_mount: MountablePath = "/data"
+    """Where the data root appears inside the container."""
+    log_root: str | None = None
+    """Default parent of run directories on this system (a shared file system on clusters)."""
+
+
+class MlperfConfig(_Section):
+    nexp: int = Field(default=1, ge=1, le=1000)
+    """Repeats of the benchmark (MLPerf needs 10 runs of flux1), each with its own log and seed."""
+    nexp_mode: Literal["array", "serial"] = "array"
+    """'array': one Slurm array task per repeat; 'serial': all repeats in one allocation, as NVIDIA's run.sub."""
+    array_parallelism: int | None = Field(default=None, ge=1)
+    """At most this many array tasks at once (sbatch --array=0-9%P)."""
+    seed_base: int | None = Field(default=None, ge=0, lt=2**31)
+    """Seed of repeat 0; repeat i uses seed_base + i. None draws one at submission and records it."""
+    run_minutes: int = Field(default=60, ge=1)
+    """Expected minutes per repeat, start-up included (NVIDIA's WALLTIME_RUNANDTIME)."""
+    clear_caches: bool = False
+    """Drop the page cache on every node before each repeat (MLPerf cache_clear; needs sudo on the nodes)."""
+    comm_test: bool = False
+    """Run an all_reduce bandwidth test (NCCL/RCCL/gloo) across all ranks before training."""
+    verify_mounts: bool = True
+    """Check on every node that the data root is mounted and readable before starting."""
+    check_compliance: bool = True
+    """Run the MLPerf compliance checker on every result log after its repeat."""
+    ruleset: Literal["5.1.0", "6.0.0", "6.1.0"] = "6.1.0"
+    """MLPerf Training ruleset the logs are checked against."""
+
+
+class SystemConfig(_Section):
+    name: SafeToken
+    """System name (the config file's name)."""
+    description: str = ""
+    """One line shown by 'flux-cluster systems list'."""
+    launcher: Literal["slurm", "local"] = "slurm"
+    """'slurm' submits batch jobs; 'local' runs the job's processes on this machine, no Slurm."""
+    nodes: int = Field(ge=1)
+    """Nodes per job."""
+    gpus_per_node: int = Field(ge=1, le=64)
+    """Accelerators per node; one rank each (on CPU-only systems: processes per node)."""
+    gpu_model: str
+    """Accelerator model, e.g. 'H100-SXM5-80GB'."""
+    vendor: Literal["nvidia", "amd", "cpu"]
+    """Accelerator vendor: selects CUDA/ROCm conventions (device files, NCCL vs RCCL tuning)."""
+    peak_bf16_tflops: float = Field(ge=0)
+    """Dense bf16 peak per accelerator in TFLOP/s, for MFU."""
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    """Price of one accelerator-hour in USD, for cost reports."""
+    dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """torch.distributed backend; 'auto' is nccl (RCCL on ROCm) with GPUs, gloo without."""
+    python: str | None = None
+    """Python command inside the job; None uses the interpreter that runs flux-cluster (bare metal)."""
+    slurm: SlurmConfig = SlurmConfig()
+    """Slurm allocation settings."""
+    container: ContainerConfig = ContainerConfig()
+    """Container runtime, image and mounts."""
+    paths: PathsConfig = PathsConfig()
+    """Data and log roots."""
+    env: dict[EnvName, str] = {}
+    """Environment for every rank (NCCL/RCCL tuning, site settings). Values are shell-quoted."""
+    secrets: list[EnvName] = []
+    """Names of secret variables (e.g. HF_TOKEN) passed from the submitting environment by name only."""
+    mlperf: MlperfConfig = MlperfConfig()
+    """MLPerf conventions: repeats, seeds, cache clearing, compliance."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SystemConfig":
+        if self.container.runtime != "none" and not self.container.image:
+            raise ValueError(f"container.image is required with container.runtime {self.container.runtime!r}")
+        if self.launcher == "local" and (self.nodes != 1 or self.container.runtime != "none"):
+            raise ValueError("launcher 'local' runs on this machine: it needs nodes 1 and container.runtime none")
+        clash = set(self.secrets) & set(self.env)
+        if clash:
+            raise ValueError(f"{sorted(clash)} are secrets and cannot also have values in env")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+

@@ -1,0 +1,64 @@
+"""Process-group start-up shared by every job: ranks come from torchrun or from srun (one task per GPU)."""
+
+import datetime
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+_SLURM_TO_TORCH = {
+    "SLURM_PROCID": "RANK",
+    "SLURM_NTASKS": "WORLD_SIZE",
+    "SLURM_LOCALID": "LOCAL_RANK",
+}
+
+
+def rank_env_from_slurm(environ: MutableMapping[str, str]) -> None:
+    """Fill torch's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE from an srun task's variables.
+
+    torchrun already sets them; the sbatch script exports MASTER_ADDR and MASTER_PORT.
+    """
+    if "RANK" in environ or "SLURM_PROCID" not in environ:
+        return
+    for slurm_name, torch_name in _SLURM_TO_TORCH.items():
+        environ[torch_name] = environ[slurm_name]
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0].split(",")[0]
+    environ["LOCAL_WORLD_SIZE"] = per_node
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: "torch.device"
+
+
+def choose_backend(preference: str, cuda_available: bool) -> str:
+    if preference != "auto":
+        return preference
+    return "nccl" if cuda_available else "gloo"  # RCCL answers to "nccl" on ROCm builds
+
+
+def init_distributed(preference: str = "auto", timeout_s: int = 600) -> DistInfo:
+    """Join the process group (env:// rendezvous) and pick this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    env = os.environ
+    rank_env_from_slurm(env)
+    backend = choose_backend(preference, torch.cuda.is_available())
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)

@@ -1,0 +1,38 @@
+"""The jobs flux-cluster can launch. Importing this module must stay cheap (no torch)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    module: str
+    """Python module run on every rank: ``python -m MODULE --config RUN_DIR/config.yaml``."""
+    description: str
+    writes_mlperf_log: bool
+    run_minutes_from_system: bool
+    """True: walltime comes from the system's mlperf.run_minutes; False: the job is short (minutes)."""
+
+
+JOBS: dict[str, JobKind] = {
+    "train": JobKind(
+        name="train",
+        module="flux_cluster.train",
+        description="MLPerf flux1 training (FSDP2/HSDP), to the quality target",
+        writes_mlperf_log=True,
+        run_minutes_from_system=True,
+    ),
+    "preflight": JobKind(
+        name="preflight",
+        module="flux_cluster.jobs.preflight",
+        description="Per-node check: versions, accelerators, all_reduce bandwidth, data/log roots",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+    ),
+}
+
+PREFLIGHT_MINUTES = 10
+"""Walltime budget of one preflight repeat, soak time added on top."""
+
+REQUEUE_EXIT_CODE = 75
+"""A rank exits with this (EX_TEMPFAIL) after it checkpointed on SIGUSR1: the job script requeues the job."""

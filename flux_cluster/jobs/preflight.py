@@ -1,0 +1,232 @@
+"""Preflight job, run on every rank: versions, accelerators, an all_reduce check with its bandwidth,
+and the data and log roots. ``--soak-seconds`` keeps the interconnect busy and reports stability; it
+checkpoints its progress on SIGUSR1 and exits with REQUEUE_EXIT_CODE so the job script requeues it.
+
+Launched by ``flux-cluster preflight`` (and with ``--comm-only`` before training when comm_test is on).
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flux_cluster.atomic import write_atomic
+from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.jobs import REQUEUE_EXIT_CODE
+from flux_cluster.rundir import read_run_config
+
+_stop_requested = False
+
+
+def _request_stop(signum: int, frame: object) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def accelerator_report() -> dict[str, Any]:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if count else None,
+        "count": count,
+        "names": [torch.cuda.get_device_name(i) for i in range(count)],
+    }
+
+
+def check_all_reduce(info: DistInfo) -> bool:
+    value = torch.tensor([float(info.rank + 1)], device=info.device)
+    dist.all_reduce(value)
+    return value.item() == info.world_size * (info.world_size + 1) / 2
+
+
+def _synchronize(info: DistInfo) -> None:
+    if info.device.type == "cuda":
+        torch.cuda.synchronize(info.device)
+
+
+def _slowest(seconds: float, info: DistInfo) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64, device=info.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
+
+
+def bus_bandwidth(size_bytes: int, seconds: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth of an all_reduce in GB/s: algbw * 2(n-1)/n (algbw alone when n == 1)."""
+    factor = 2 * (world_size - 1) / world_size if world_size > 1 else 1.0
+    return size_bytes / seconds * factor / 1e9
+
+
+def measure_all_reduce(info: DistInfo, size_bytes: int, iterations: int, warmup: int = 2) -> dict[str, float]:
+    buffer = torch.ones(size_bytes // 4, dtype=torch.float32, device=info.device)
+    for _ in range(warmup):
+        dist.all_reduce(buffer)
+    _synchronize(info)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        dist.all_reduce(buffer)
+    _synchronize(info)
+    seconds = _slowest((time.perf_counter() - start) / iterations, info)
+    return {"bytes": size_bytes, "seconds": seconds, "busbw_gbps": bus_bandwidth(size_bytes, seconds, info.world_size)}
+
+
+def check_directory(path: str | None, writable: bool) -> dict[str, Any]:
+    if path is None:
+        return {"path": None, "ok": True, "detail": "not configured"}
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"path": path, "ok": False, "detail": "missing or not a directory"}
+    if not os.access(folder, os.R_OK | os.X_OK):
+        return {"path": path, "ok": False, "detail": "not readable"}
+    entries = sum(1 for _ in folder.iterdir())
+    free_gb = shutil.disk_usage(folder).free / 1e9
+    if writable:
+        probe = folder / f".preflight-{socket.gethostname()}-{os.getpid()}"
+        try:
+            write_atomic(probe, "ok\n")
+            probe.unlink()
+        except OSError as exc:
+            return {"path": path, "ok": False, "detail": f"not writable: {exc.strerror}"}
+    return {"path": path, "ok": True, "detail": f"{entries} entries, {free_gb:.1f} GB free"}
+
+
+def soak(info: DistInfo, size_bytes: int, seconds: float, state_file: Path) -> tuple[dict[str, Any], bool]:
+    """All-reduce for `seconds` in total across restarts. Returns (stats, interrupted)."""
+    done = json.loads(state_file.read_text())["elapsed"] if state_file.is_file() else 0.0
+    if done and info.rank == 0:
+        print(f"preflight: resuming the soak after a requeue at {done:.1f} of {seconds:.0f} s", flush=True)
+    samples: list[float] = []
+    stop = torch.zeros(1, device=info.device)
+    start = time.monotonic() - done
+    while time.monotonic() - start < seconds:
+        samples.append(measure_all_reduce(info, size_bytes, iterations=1, warmup=0)["busbw_gbps"])
+        stop.fill_(1.0 if _stop_requested else 0.0)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank leaves the loop at the same iteration
+        if stop.item():
+            if info.rank == 0:
+                write_atomic(state_file, json.dumps({"elapsed": time.monotonic() - start}))
+            return {"iterations": len(samples)}, True
+    samples.sort()
+    stats = {
+        "seconds": seconds,
+        "iterations": len(samples),
+        "busbw_min_gbps": samples[0] if samples else None,
+        "busbw_median_gbps": samples[len(samples) // 2] if samples else None,
+        "busbw_max_gbps": samples[-1] if samples else None,
+    }
+    return stats, False
+
+
+def print_summary(reports: list[dict[str, Any]], bandwidth: list[dict[str, float]], failures: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140, force_terminal=False)
+    ranks = Table(title="preflight: ranks")
+    for column in ("rank", "host", "python", "torch", "backend", "accelerators", "data root", "run dir"):
+        ranks.add_column(column)
+    for r in reports:
+        accel = r["accelerators"]
+        devices = f"{accel['count']} x {accel['names'][0]}" if accel["count"] else "none (CPU)"
+        ranks.add_row(
+            str(r["rank"]), r["host"], r["python"], r["torch"], r["backend"], devices,
+            r["data_root"]["detail"] if r["data_root"] else "-", r["run_dir"]["detail"] if r["run_dir"] else "-",
+        )
+    console.print(ranks)
+    bw = Table(title=f"preflight: all_reduce across {reports[0]['world_size']} ranks")
+    for column in ("size", "time", "bus bandwidth"):
+        bw.add_column(column, justify="right")
+    for row in bandwidth:
+        bw.add_row(f"{row['bytes'] / 2**20:.0f} MiB", f"{row['seconds'] * 1e3:.2f} ms", f"{row['busbw_gbps']:.3f} GB/s")
+    console.print(bw)
+    best = max(row["busbw_gbps"] for row in bandwidth)
+    print(f"preflight: all_reduce bus bandwidth {best:.3f} GB/s (best of {len(bandwidth)} sizes)", flush=True)
+    verdict = "PASSED" if not failures else "FAILED: " + "; ".join(failures)
+    print(f"preflight: {verdict}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flux_cluster.jobs.preflight", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="the run's resolved config.yaml")
+    parser.add_argument("--comm-only", action="store_true", help="only the all_reduce bandwidth test")
+    parser.add_argument("--soak-seconds", type=float, default=0.0, help="all_reduce burn-in duration")
+    parser.add_argument("--max-mb", type=int, default=None, help="largest all_reduce size (default 1024 GPU, 16 CPU)")
+    args = parser.parse_args(argv)
+
+    system, _job = read_run_config(args.config)
+    signal.signal(signal.SIGUSR1, _request_stop)
+    info = init_distributed(system.dist_backend)
+    run_dir = Path(os.environ.get("FLUX_RUN_DIR", args.config.parent))
+    exp = os.environ.get("FLUX_EXP_INDEX", "0")
+
+    max_mb = args.max_mb or (1024 if info.device.type == "cuda" else 16)
+    sizes = [mb * 2**20 for mb in (1, 4, 16, 64, 256, 1024) if mb <= max_mb]
+    bandwidth = [measure_all_reduce(info, size, iterations=5) for size in sizes]
+    correct = check_all_reduce(info)
+
+    first_on_node = info.local_rank == 0
+    report = {
+        "rank": info.rank,
+        "world_size": info.world_size,
+        "local_rank": info.local_rank,
+        "host": socket.gethostname(),
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "backend": info.backend,
+        "accelerators": accelerator_report(),
+        "data_root": None,
+        "run_dir": None,
+    }
+    if not args.comm_only and first_on_node:
+        report["data_root"] = check_directory(os.environ.get("FLUX_DATA_DIR", system.paths.data_root), False)
+        report["run_dir"] = check_directory(str(run_dir), True)
+
+    soak_stats: dict[str, Any] | None = None
+    if args.soak_seconds > 0:
+        state_file = run_dir / "state" / f"preflight_soak_{exp}.json"
+        soak_stats, interrupted = soak(info, sizes[-1], args.soak_seconds, state_file)
+        if interrupted:
+            if info.rank == 0:
+                print("preflight: SIGUSR1 received, soak progress saved; exiting for requeue", flush=True)
+            dist.destroy_process_group()
+            return REQUEUE_EXIT_CODE
+
+    reports: list[Any] = [None] * info.world_size
+    dist.all_gather_object(reports, report)
+    failures = _failures(reports, correct, system.vendor)
+    if info.rank == 0:
+        print_summary(reports, bandwidth, failures)
+        if not args.comm_only:
+            result = {"passed": not failures, "failures": failures, "ranks": reports,
+                      "all_reduce": bandwidth, "soak": soak_stats,
+                      "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}
+            write_atomic(run_dir / "results" / f"preflight_{exp}.json", json.dumps(result, indent=2) + "\n")
+    dist.destroy_process_group()
+    return 0 if not failures else 1
+
+
+def _failures(reports: list[dict[str, Any]], all_reduce_correct: bool, vendor: str) -> list[str]:
+    failures = [] if all_reduce_correct else ["all_reduce returned a wrong sum"]
+    for r in reports:
+        for key in ("data_root", "run_dir"):
+            if r[key] and not r[key]["ok"]:
+                failures.append(f"{r['host']}: {key.replace('_', ' ')} {r[key]['path']}: {r[key]['detail']}")
+        if vendor != "cpu" and r["accelerators"]["count"] == 0:
+            failures.append(f"{r['host']} rank {r['rank']}: no accelerator visible")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Everything a job script needs, computed once in Python so the templates stay declarative."""
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flux_cluster import __version__
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.jobs import JOBS, PREFLIGHT_MINUTES, REQUEUE_EXIT_CODE, JobKind
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    system: SystemConfig
+    job: JobKind
+    run_dir: Path
+    experiment: str
+    seed_base: int
+    job_args: tuple[str, ...] = ()
+    """Extra arguments for the job module (e.g. preflight --soak-seconds 30)."""
+    dependency: str | None = None
+    extra_minutes: int = 0
+    version: str = __version__
+    requeue_exit_code: int = REQUEUE_EXIT_CODE
+    python_fallback: str = field(default_factory=lambda: sys.executable)
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.yaml"
+
+    @property
+    def slurm_dir(self) -> Path:
+        return self.run_dir / "slurm"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.run_dir / "results"
+
+    @property
+    def python(self) -> str:
+        return self.system.python or self.python_fallback
+
+    @property
+    def nexp(self) -> int:
+        return self.system.mlperf.nexp
+
+    @property
+    def is_array(self) -> bool:
+        return self.system.launcher == "slurm" and self.system.mlperf.nexp_mode == "array" and self.nexp > 1
+
+    @property
+    def array_spec(self) -> str:
+        throttle = self.system.mlperf.array_parallelism
+        return f"0-{self.nexp - 1}" + (f"%{throttle}" if throttle else "")
+
+    @property
+    def experiments_per_allocation(self) -> int:
+        return 1 if self.is_array else self.nexp
+
+    @property
+    def run_minutes(self) -> int:
+        base = self.system.mlperf.run_minutes if self.job.run_minutes_from_system else PREFLIGHT_MINUTES
+        return base + self.extra_minutes
+
+    @property
+    def walltime(self) -> str:
+        """The system's walltime, or NVIDIA's WALLTIME = 5 + NEXP * (WALLTIME_RUNANDTIME + 5)."""
+        if self.system.slurm.walltime:
+            return self.system.slurm.walltime
+        minutes = 5 + self.experiments_per_allocation * (self.run_minutes + 5)
+        return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+    @property
+    def output_pattern(self) -> str:
+        # submitit's JobPaths.stdout layout ({folder}/{job_id}_{task}_log.out), so its Job finds the logs.
+        stem = "%A_%a" if self.is_array else "%j"
+        return str(self.slurm_dir / f"{stem}_0_log.out")
+
+    @property
+    def error_pattern(self) -> str:
+        return self.output_pattern.removesuffix(".out") + ".err"
+
+    @property
+    def signal_spec(self) -> str:
+        # docker/podman exec does not forward signals: the batch shell gets it and relays it into the containers.
+        relay = "B:" if self.container_per_node else ""
+        return f"{relay}USR1@{self.system.slurm.signal_lead_s}"
+
+    @property
+    def container_per_node(self) -> bool:
+        return self.system.container.runtime in ("docker", "podman")
+
+    @property
+    def data_dir(self) -> str | None:
+        """The data root as the ranks see it (inside the container when there is one)."""
+        paths = self.system.paths
+        if paths.data_root is None:
+            return None
+        return paths.data_mount if self.system.container.runtime != "none" else paths.data_root
+
+    @property
+    def mounts(self) -> list[str]:
+        """Bind mounts: the data root read-only, the run directory at the same path, then the config's."""
+        mounts = []
+        if self.system.paths.data_root:
+            mounts.append(f"{self.system.paths.data_root}:{self.system.paths.data_mount}:ro")
+        mounts.append(f"{self.run_dir}:{self.run_dir}")
+        return [*mounts, *self.system.container.mounts]
+
+    @property
+    def rank_env_names(self) -> list[str]:
+        """Variables a docker/podman exec must forward by name: Slurm's per-task ones, ours, the config's."""
+        slurm = ["SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+                 "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NUM_NODES", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID"]
+        ours = ["MASTER_ADDR", "MASTER_PORT", "FLUX_RUN_DIR", "FLUX_EXP_INDEX", "FLUX_SEED",
+                "FLUX_RESULT_LOG", "FLUX_CACHE_CLEARED", "FLUX_DATA_DIR"]
+        return [*slurm, *ours, *self.system.env, *self.system.secrets]
+
+    def job_name(self) -> str:
+        return f"flux-{self.job.name}-{self.system.name}"
+
+
+def make_plan(
+    system: SystemConfig,
+    job: str,
+    run_dir: Path,
+    experiment: str,
+    seed_base: int,
+    job_args: tuple[str, ...] = (),
+    dependency: str | None = None,
+    extra_minutes: int = 0,
+) -> JobPlan:
+    if job not in JOBS:
+        raise FluxClusterError(f"unknown job {job!r}; known jobs: {', '.join(JOBS)}")
+    if dependency is not None:
+        _check_dependency(dependency)
+    return JobPlan(
+        system=system,
+        job=JOBS[job],
+        run_dir=run_dir,
+        experiment=experiment,
+        seed_base=seed_base,
+        job_args=job_args,
+        dependency=dependency,
+        extra_minutes=math.ceil(extra_minutes),
+    )
+
+
+def _check_dependency(text: str) -> None:
+    kind, _, ids = text.partition(":")
+    valid_kinds = ("after", "afterok", "afterany", "afternotok", "aftercorr")
+    if kind not in valid_kinds or not ids or not all(p.replace("_", "").isdigit() for p in ids.split(":")):
+        raise FluxClusterError(
+            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] with TYPE one of {', '.join(valid_kinds)}"
+        )

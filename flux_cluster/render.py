@@ -1,0 +1,42 @@
+"""Render job scripts from the Jinja templates in slurm/templates.
+
+Every ``{{ expression }}`` goes through :func:`shell_quote` (Jinja's ``finalize`` hook), so no value
+from a config, the CLI or the environment can reach the shell unquoted: quoting is not something a
+template author can forget. StrictUndefined turns a misspelled variable into an error.
+"""
+
+import shlex
+from functools import cache
+
+import jinja2
+
+from flux_cluster.plan import JobPlan
+from flux_cluster.resources import templates_dir
+
+
+def shell_quote(value: object) -> str:
+    if value is None or isinstance(value, bool):
+        raise TypeError(f"refusing to render {value!r} into a shell script (template bug)")
+    return shlex.quote(str(value))
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        finalize=shell_quote,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def template_name(plan: JobPlan) -> str:
+    return "local.sh.j2" if plan.system.launcher == "local" else "sbatch.sh.j2"
+
+
+def render_script(plan: JobPlan) -> str:
+    text = _environment().get_template(template_name(plan)).render(p=plan, s=plan.system)
+    return text

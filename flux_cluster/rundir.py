@@ -1,0 +1,109 @@
+"""Run directories: ``runs/<experiment>/<timestamp>-<system>/`` with the resolved config, the rendered
+script, the job ids and the logs. Everything is written atomically."""
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flux_cluster.atomic import write_atomic
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.errors import FluxClusterError
+
+RUNS_ENV = "FLUX_CLUSTER_RUNS"
+CONFIG_FILE = "config.yaml"
+SCRIPT_FILE = "job.sh"
+JOBS_FILE = "jobs.json"
+
+
+def runs_root(cli_value: Path | None, system: SystemConfig | None = None) -> Path:
+    """--runs-dir, then $FLUX_CLUSTER_RUNS, then the system's paths.log_root, then ./runs."""
+    if cli_value is not None:
+        return cli_value
+    if os.environ.get(RUNS_ENV):
+        return Path(os.environ[RUNS_ENV])
+    if system is not None and system.paths.log_root:
+        return Path(system.paths.log_root)
+    return Path("runs")
+
+
+def create_run_dir(root: Path, experiment: str, system_name: str) -> Path:
+    parent = (root / experiment).absolute()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1, 1000):
+        suffix = "" if attempt == 1 else f"-{attempt}"
+        path = parent / f"{stamp}-{system_name}{suffix}"
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise FluxClusterError(f"{parent}: cannot create the run directory: {exc.strerror}") from None
+        return path
+    raise FluxClusterError(f"{parent}: too many runs started in the same second")
+
+
+def write_run_config(run_dir: Path, system: SystemConfig, job: dict[str, Any]) -> Path:
+    from flux_cluster import __version__
+
+    document = {"flux_cluster_version": __version__, "job": job, "system": system.model_dump(mode="json")}
+    path = run_dir / CONFIG_FILE
+    write_atomic(path, yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def read_run_config(path: Path) -> tuple[SystemConfig, dict[str, Any]]:
+    document = yaml.safe_load(Path(path).read_text())
+    return SystemConfig.model_validate(document["system"]), document["job"]
+
+
+@dataclass
+class RunRecord:
+    """What jobs.json holds: how the run was launched and under which ids."""
+
+    launcher: str
+    job_ids: list[str]
+    submitted_at: float
+    array: bool = False
+    pid: int | None = None
+    exit_code: int | None = None
+
+    def save(self, run_dir: Path) -> None:
+        write_atomic(run_dir / JOBS_FILE, json.dumps(self.__dict__, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RunRecord | None":
+        path = run_dir / JOBS_FILE
+        if not path.is_file():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+
+def list_runs(root: Path) -> list[Path]:
+    """Run directories under root, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p.parent for p in root.glob(f"*/*/{CONFIG_FILE}")]
+    return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+
+
+def resolve_run(spec: str | None, root: Path) -> Path:
+    """A run by path, by '<experiment>/<name>', by unique name suffix, or the latest when None."""
+    runs = list_runs(root)
+    if spec is None:
+        if not runs:
+            raise FluxClusterError(f"no runs under {root}; submit one with 'flux-cluster submit'")
+        return runs[-1]
+    as_path = Path(spec)
+    if (as_path / CONFIG_FILE).is_file():
+        return as_path.absolute()
+    matches = [r for r in runs if str(r).endswith(spec)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise FluxClusterError(f"run {spec!r}: no such run under {root} (see 'flux-cluster runs list')")
+    raise FluxClusterError(f"run {spec!r} is ambiguous: {', '.join(m.name for m in matches)}")

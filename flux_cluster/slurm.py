@@ -1,0 +1,97 @@
+"""Slurm through submitit: submit our rendered script, read states from sacct, cancel, requeue.
+
+submitit normally writes its own sbatch text around a pickled function; here the executor's text is
+the Jinja rendering, so the file Slurm runs is exactly the one stored in the run directory.
+"""
+
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from flux_cluster.errors import FluxClusterError
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE"}
+
+
+def _require(tool: str) -> None:
+    if shutil.which(tool) is None:
+        raise FluxClusterError(f"'{tool}' not found on PATH: is this a Slurm login node? (see README, Slurm)")
+
+
+def submit_script(script: str, folder: Path) -> str:
+    """sbatch the exact script text; returns the job id (the array's base id for arrays)."""
+    _require("sbatch")
+    from submitit.core.utils import FailedJobError
+    from submitit.slurm.slurm import SlurmExecutor
+
+    class _RenderedScriptExecutor(SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return script
+
+    folder.mkdir(parents=True, exist_ok=True)
+    executor = _RenderedScriptExecutor(folder=folder)
+    try:
+        job = executor._submit_command("flux-cluster")  # the command is unused: the script is complete
+    except FailedJobError as exc:
+        message = str(exc).strip().splitlines()
+        raise FluxClusterError(f"sbatch refused the job: {message[-1] if message else exc}") from None
+    return str(job.job_id)
+
+
+def array_task_ids(base_id: str, count: int) -> list[str]:
+    return [f"{base_id}_{i}" for i in range(count)]
+
+
+def job_states(job_ids: Iterable[str]) -> dict[str, str]:
+    """Current state of every job (or array task) id, read from sacct through submitit's watcher."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    watcher = SlurmInfoWatcher(delay_s=0)
+    ids = list(job_ids)
+    for job_id in ids:
+        watcher.register_job(job_id)
+    watcher.update()
+    return {job_id: watcher.get_state(job_id, mode="cache") for job_id in ids}
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """sacct fields of one job: state, elapsed, restarts, node list, exit code."""
+    _require("sacct")
+    fields = "JobID,State,Elapsed,NodeList,ExitCode,Start"
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-X", "--parsable2", "--noheader", "-o", fields],
+        capture_output=True, text=True, check=False,
+    ).stdout
+    names = fields.split(",")
+    for line in out.splitlines():
+        values = dict(zip(names, line.split("|"), strict=False))
+        if values.get("JobID") == job_id:
+            return values
+    return {}
+
+
+def cancel(job_ids: Iterable[str], signal: str | None = None) -> None:
+    _require("scancel")
+    command = ["scancel", *([f"--signal={signal}"] if signal else []), *job_ids]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise FluxClusterError(f"scancel failed: {result.stderr.strip()}")
+
+
+def requeue(job_ids: Iterable[str]) -> None:
+    _require("scontrol")
+    for job_id in job_ids:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise FluxClusterError(f"scontrol requeue {job_id} failed: {result.stderr.strip()}")
+
+
+def batch_script(job_id: str) -> str:
+    """The script Slurm stored for a job (``scontrol write batch_script JOB -``)."""
+    _require("scontrol")
+    result = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, check=False)
+    if result.returncode != 0:
+        raise FluxClusterError(f"scontrol write batch_script {job_id}: {result.stderr.decode().strip()}")
+    return result.stdout.decode()

@@ -1,0 +1,64 @@
+"""Shared fixtures: the CLI runner, a clean working directory, and the real localhost Slurm cluster."""
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the templates")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def cli() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run each test from an empty directory with no inherited runs/systems settings."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLUX_CLUSTER_RUNS", raising=False)
+    monkeypatch.delenv("FLUX_CLUSTER_SYSTEMS", raising=False)
+    return tmp_path
+
+
+def _cluster(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(CLUSTER_SCRIPT), command], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real slurmctld + 2 slurmd + slurmdbd/mariadb on localhost, started by slurm/local-cluster.sh."""
+    if os.geteuid() != 0:
+        pytest.skip("the localhost Slurm cluster needs root (Debian packages and daemons)")
+    if shutil.which("slurmctld") is None:
+        pytest.skip("Slurm is not installed: run 'tools/dev.sh test' as root, which installs it")
+    already_running = _cluster("status").returncode == 0
+    started = already_running or _cluster("start")
+    if started is not True and started.returncode != 0:
+        pytest.fail(f"could not start the local Slurm cluster:\n{started.stdout}\n{started.stderr}")
+    env_line = _cluster("env").stdout.strip()
+    slurm_conf = env_line.split("=", 1)[1].strip("'\"")
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = slurm_conf
+    yield {"SLURM_CONF": slurm_conf}
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
+    if not already_running:
+        _cluster("stop")

@@ -1,0 +1,123 @@
+"""System configs: composition, interpolation, overrides, provenance and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+
+from flux_cluster.config import known_systems, load_system
+from flux_cluster.config.loader import flat_view
+from flux_cluster.errors import FluxClusterError
+
+SHIPPED = ["dgx_h100x8", "dgx_h200x8", "dgx_b200x8", "gb200_nvl72", "mi300x8", "mi325x8", "mi355x8", "local",
+           "local_slurm"]
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FLUX_CLUSTER_SYSTEMS", str(tmp_path))
+    write(tmp_path, "_base", "vendor: nvidia\ngpu_model: H100\npeak_bf16_tflops: 989\ngpus_per_node: 8\n"
+          "env: {A: '1', B: '2'}\nslurm: {partition: batch, exclusive: true}\n")
+    return tmp_path
+
+
+def test_every_shipped_system_is_valid_and_listed() -> None:
+    assert set(SHIPPED) <= set(known_systems())
+    assert not any(name.startswith("_") for name in known_systems())
+    for name in SHIPPED:
+        config = load_system(name).config
+        assert config.name == name
+    assert load_system("gb200_nvl72").config.gpus_per_node == 4
+    amd = load_system("mi300x8").config
+    assert amd.vendor == "amd" and amd.container.runtime in ("docker", "podman")
+    assert load_system("local").config.launcher == "local"
+    assert load_system("local_slurm").config.container.runtime == "none"
+
+
+def test_extends_merges_leaves_and_records_sources(site: Path) -> None:
+    write(site, "mine", "extends: _base\nnodes: 2\nenv: {B: '3', C: '4'}\nslurm: {partition: gpu}\n")
+    resolved = load_system("mine")
+    config = resolved.config
+    assert config.env == {"A": "1", "B": "3", "C": "4"}
+    assert config.slurm.partition == "gpu" and config.slurm.exclusive is True
+    assert resolved.source_of("env.A").endswith("_base.yaml")
+    assert resolved.source_of("env.B").endswith("mine.yaml")
+    assert resolved.source_of("slurm.qos") == "default"
+    rows = {key: source for key, _, source in flat_view(resolved)}
+    assert rows["slurm.exclusive"].endswith("_base.yaml") and rows["slurm.account"] == "default"
+
+
+def test_cli_overrides_win_and_are_typed(site: Path) -> None:
+    write(site, "mine", "extends: _base\nnodes: 2\n")
+    resolved = load_system("mine", ["nodes=4", "env.NCCL_DEBUG=INFO", "slurm.exclusive=false"])
+    assert resolved.config.nodes == 4 and resolved.config.slurm.exclusive is False
+    assert resolved.config.env["NCCL_DEBUG"] == "INFO"
+    assert resolved.source_of("nodes") == "--set" and resolved.source_of("env.NCCL_DEBUG") == "--set"
+
+
+def test_environment_interpolation(site: Path) -> None:
+    write(site, "mine", "extends: _base\nnodes: 1\npaths: {data_root: '${DATA}/energon', log_root: '${LOGS:-/tmp/l}'}\n")
+    resolved = load_system("mine", environ={"DATA": "/lustre/x"})
+    assert resolved.config.paths.data_root == "/lustre/x/energon"
+    assert resolved.config.paths.log_root == "/tmp/l"
+    assert "${DATA}" in resolved.source_of("paths.data_root")
+    with pytest.raises(FluxClusterError, match=r"mine.yaml: paths.data_root: environment variable DATA is not set"):
+        load_system("mine", environ={})
+
+
+def test_unknown_system_lists_the_known_ones() -> None:
+    with pytest.raises(FluxClusterError) as error:
+        load_system("dgx_h100x9")
+    message = str(error.value)
+    assert "unknown system 'dgx_h100x9'" in message and "did you mean 'dgx_h100x8'" in message
+    assert all(name in message for name in SHIPPED)
+
+
+def test_unknown_key_suggests_the_nearest(site: Path) -> None:
+    write(site, "mine", "extends: _base\nnodes: 1\nslurm: {partiton: x}\n")
+    with pytest.raises(FluxClusterError, match=r"mine.yaml: slurm.partiton: unknown key; did you mean 'slurm.partition'"):
+        load_system("mine")
+    with pytest.raises(FluxClusterError, match=r"--set: gpus_per_nod: unknown key; did you mean 'gpus_per_node'"):
+        load_system("local", ["gpus_per_nod=3"])
+
+
+def test_wrong_type_names_file_key_value_and_type(site: Path) -> None:
+    write(site, "mine", "extends: _base\nnodes: four\n")
+    with pytest.raises(FluxClusterError) as error:
+        load_system("mine")
+    assert str(error.value) == (
+        f"{site / 'mine.yaml'}: nodes: got 'four' (str), expected a valid integer, "
+        "unable to parse string as an integer"
+    )
+    with pytest.raises(FluxClusterError, match=r"container.runtime: got 'singularity' \(str\), expected 'pyxis'"):
+        load_system("local_slurm", ["container.runtime=singularity"])
+
+
+def test_structural_errors_are_single_lines(site: Path) -> None:
+    write(site, "loop_a", "extends: loop_b\n")
+    write(site, "loop_b", "extends: loop_a\n")
+    write(site, "broken", "nodes: [1,\n")
+    write(site, "listy", "- 1\n- 2\n")
+    for name, pattern in (("loop_a", "extends: cycle"), ("broken", "broken.yaml: line"),
+                          ("listy", "expected a mapping"), ("local", None)):
+        if pattern is None:
+            with pytest.raises(FluxClusterError, match="expected KEY=VALUE"):
+                load_system(name, ["nodes"])
+            continue
+        with pytest.raises(FluxClusterError, match=pattern) as error:
+            load_system(name)
+        assert "\n" not in str(error.value)
+
+
+def test_cross_field_checks() -> None:
+    with pytest.raises(FluxClusterError, match="container.image is required"):
+        load_system("local_slurm", ["container.runtime=pyxis"])
+    with pytest.raises(FluxClusterError, match="launcher 'local' runs on this machine"):
+        load_system("local", ["nodes=2"])
+    with pytest.raises(FluxClusterError, match=r"slurm.extra_sbatch.0: got|slurm.extra_sbatch.0: .*match"):
+        load_system("local_slurm", ["slurm.extra_sbatch=['--comment=a b']"])

@@ -1,0 +1,83 @@
+"""Golden files of every shipped system's rendered script; they also must pass bash -n and shellcheck.
+
+Regenerate after an intended template change:  .venv/bin/python -m pytest tests/test_golden.py --update-golden
+"""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flux_cluster.config import known_systems, load_system
+from flux_cluster.plan import make_plan
+from flux_cluster.render import render_script
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = [(name, job, 1) for name in known_systems() for job in ("train", "preflight")] + [
+    ("dgx_h100x8", "train", 10),  # NVIDIA style: 10 repeats in one allocation
+    ("mi300x8", "train", 10),  # array of 10
+]
+
+
+def render_case(system: str, job: str, nexp: int) -> str:
+    overrides = [f"mlperf.nexp={nexp}", "mlperf.seed_base=1234"]
+    config = load_system(system, overrides, environ={}).config
+    run_dir = Path(f"/runs/{job}/20260101-000000-{system}")
+    plan = make_plan(config, job, run_dir, job, 1234)
+    plan = type(plan)(**{**plan.__dict__, "python_fallback": "python3"})
+    return render_script(plan)
+
+
+def case_id(case: tuple[str, str, int]) -> str:
+    system, job, nexp = case
+    return f"{system}.{job}" + (f".nexp{nexp}" if nexp > 1 else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_rendered_script_matches_golden(case: tuple[str, str, int], update_golden: bool) -> None:
+    text = render_case(*case)
+    golden = GOLDEN / f"{case_id(case)}.sh"
+    if update_golden:
+        golden.write_text(text)
+    assert golden.is_file(), f"{golden} missing: run pytest tests/test_golden.py --update-golden"
+    assert text == golden.read_text(), f"{golden.name} differs: review, then regenerate with --update-golden"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_rendered_script_passes_bash_and_shellcheck(case: tuple[str, str, int], tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(render_case(*case))
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (tools/dev.sh test installs it as root)")
+    result = subprocess.run(["shellcheck", "--severity=style", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_every_golden_file_belongs_to_a_case() -> None:
+    expected = {f"{case_id(case)}.sh" for case in CASES}
+    assert {p.name for p in GOLDEN.glob("*.sh")} == expected
+
+
+def test_nvidia_script_has_what_run_sub_users_rely_on() -> None:
+    text = render_case("dgx_h100x8", "train", 10)
+    for needle in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                   "--container-image=",
+                   "--container-mounts=", "--container-workdir=/workspace/flux-cluster", "--no-container-mount-home",
+                   "--container-env=", "--container-name=", "--signal=USR1@300", "vm.drop_caches=3",
+                   "--comm-only", "mlperf_logging.compliance_checker", "SEED_BASE=1234", "NEXP=10"):
+        assert needle in text, needle
+    # NVIDIA's WALLTIME = 5 + NEXP * (WALLTIME_RUNANDTIME + 5) with run_minutes 720: 7255 min
+    assert "#SBATCH --time=120:55:00" in text
+    assert "#SBATCH --array" not in text
+
+
+def test_amd_script_runs_one_container_per_node() -> None:
+    text = render_case("mi300x8", "train", 10)
+    for needle in ("--device=/dev/kfd", "--device=/dev/dri", "--ipc=host", "--network=host", "#SBATCH --array=0-9",
+                   "RUNTIME=docker", "\"$RUNTIME\" run --detach", "exec \"${EXEC_ENV[@]}\"", "--env=HF_TOKEN", "--signal=B:USR1@300",
+                   "trap relay_signal USR1"):
+        assert needle in text, needle
+    # One repeat per array task: 5 + 1 * (900 + 5) minutes.
+    assert "#SBATCH --time=15:10:00" in text

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The README's two commands:
+#   tools/dev.sh run    set up, then run the main job on the embedded default (--system local)
+#   tools/dev.sh test   set up (Python deps; Slurm + shellcheck Debian packages when root), then run all tests
+# Also: tools/dev.sh setup (set-up only), tools/dev.sh lint.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${FLUX_CLUSTER_VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-python3}
+DEBIAN_PACKAGES=(shellcheck)
+
+say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
+
+setup_python() {
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || { say "Python 3.11 or newer is needed ($PYTHON is $("$PYTHON" -V 2>&1))"; exit 1; }
+    [[ -x "$VENV/bin/python" ]] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+    local stamp="$VENV/.flux-cluster-installed"
+    local want
+    want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        return
+    fi
+    say "installing Python dependencies into $VENV (torch 2.13.0 first, then the rest)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # torch first and pinned: energon, accelerate and peft require torch unpinned and would pull a CUDA build.
+    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" torch==2.13.0
+    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "${ROOT}[test]"
+    echo "$want" > "$stamp"
+}
+
+setup_system() {
+    if [[ $(id -u) -ne 0 ]]; then
+        say "not root: skipping Debian packages (Slurm, shellcheck); tests that need them will skip"
+        return
+    fi
+    local missing=()
+    for pkg in "${DEBIAN_PACKAGES[@]}"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        say "installing Debian packages: ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    bash "$ROOT/slurm/local-cluster.sh" install
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+    setup)
+        setup_python
+        setup_system
+        ;;
+    run)
+        setup_python
+        cd "$ROOT"
+        # Until the training job lands, the main job is the preflight job.
+        exec "$VENV/bin/flux-cluster" preflight --system local "$@"
+        ;;
+    lint)
+        setup_python
+        "$VENV/bin/ruff" check "$ROOT"
+        "$VENV/bin/ruff" format --check "$ROOT"
+        ;;
+    test)
+        setup_python
+        setup_system
+        cd "$ROOT"
+        "$VENV/bin/ruff" check .
+        "$VENV/bin/ruff" format --check .
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
+    *)
+        sed -n '2,6p' "${BASH_SOURCE[0]}" >&2
+        exit 2
+        ;;
+esac
