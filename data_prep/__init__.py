@@ -1,0 +1,1 @@
+"""Data preparation (cc12m/coco -> Megatron-Energon webdatasets); arrives with the prepare-data issue."""

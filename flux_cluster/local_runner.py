@@ -13,9 +13,12 @@ LOCAL_LOG = "local.log"
 def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
     log_path = run_dir / "slurm" / LOCAL_LOG
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log, subprocess.Popen(
-        ["bash", str(script_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=run_dir
-    ) as process:
+    with (
+        log_path.open("ab") as log,
+        subprocess.Popen(
+            ["bash", str(script_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=run_dir
+        ) as process,
+    ):
         record = RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=process.pid)
         record.save(run_dir)
         assert process.stdout is not None

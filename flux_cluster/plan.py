@@ -84,7 +84,7 @@ class JobPlan:
 
     @property
     def signal_spec(self) -> str:
-        # docker/podman exec does not forward signals: the batch shell gets it and relays it into the containers.
+        # docker/podman exec forwards no signals: the batch shell gets it and relays it to the containers.
         relay = "B:" if self.container_per_node else ""
         return f"{relay}USR1@{self.system.slurm.signal_lead_s}"
 
@@ -112,10 +112,27 @@ class JobPlan:
     @property
     def rank_env_names(self) -> list[str]:
         """Variables a docker/podman exec must forward by name: Slurm's per-task ones, ours, the config's."""
-        slurm = ["SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
-                 "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NUM_NODES", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID"]
-        ours = ["MASTER_ADDR", "MASTER_PORT", "FLUX_RUN_DIR", "FLUX_EXP_INDEX", "FLUX_SEED",
-                "FLUX_RESULT_LOG", "FLUX_CACHE_CLEARED", "FLUX_DATA_DIR"]
+        slurm = [
+            "SLURM_JOB_ID",
+            "SLURM_PROCID",
+            "SLURM_LOCALID",
+            "SLURM_NODEID",
+            "SLURM_NTASKS",
+            "SLURM_NTASKS_PER_NODE",
+            "SLURM_JOB_NUM_NODES",
+            "SLURM_RESTART_COUNT",
+            "SLURM_ARRAY_TASK_ID",
+        ]
+        ours = [
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "FLUX_RUN_DIR",
+            "FLUX_EXP_INDEX",
+            "FLUX_SEED",
+            "FLUX_RESULT_LOG",
+            "FLUX_CACHE_CLEARED",
+            "FLUX_DATA_DIR",
+        ]
         return [*slurm, *ours, *self.system.env, *self.system.secrets]
 
     def job_name(self) -> str:

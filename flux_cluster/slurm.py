@@ -11,8 +11,17 @@ from pathlib import Path
 
 from flux_cluster.errors import FluxClusterError
 
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def _require(tool: str) -> None:
@@ -62,7 +71,9 @@ def job_info(job_id: str) -> dict[str, str]:
     fields = "JobID,State,Elapsed,NodeList,ExitCode,Start"
     out = subprocess.run(
         ["sacct", "-j", job_id, "-X", "--parsable2", "--noheader", "-o", fields],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     names = fields.split(",")
     for line in out.splitlines():
@@ -91,7 +102,9 @@ def requeue(job_ids: Iterable[str]) -> None:
 def batch_script(job_id: str) -> str:
     """The script Slurm stored for a job (``scontrol write batch_script JOB -``)."""
     _require("scontrol")
-    result = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, check=False)
+    result = subprocess.run(
+        ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, check=False
+    )
     if result.returncode != 0:
         raise FluxClusterError(f"scontrol write batch_script {job_id}: {result.stderr.decode().strip()}")
     return result.stdout.decode()

@@ -8,8 +8,17 @@ from flux_cluster.config import known_systems, load_system
 from flux_cluster.config.loader import flat_view
 from flux_cluster.errors import FluxClusterError
 
-SHIPPED = ["dgx_h100x8", "dgx_h200x8", "dgx_b200x8", "gb200_nvl72", "mi300x8", "mi325x8", "mi355x8", "local",
-           "local_slurm"]
+SHIPPED = [
+    "dgx_h100x8",
+    "dgx_h200x8",
+    "dgx_b200x8",
+    "gb200_nvl72",
+    "mi300x8",
+    "mi325x8",
+    "mi355x8",
+    "local",
+    "local_slurm",
+]
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -21,8 +30,12 @@ def write(folder: Path, name: str, text: str) -> Path:
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FLUX_CLUSTER_SYSTEMS", str(tmp_path))
-    write(tmp_path, "_base", "vendor: nvidia\ngpu_model: H100\npeak_bf16_tflops: 989\ngpus_per_node: 8\n"
-          "env: {A: '1', B: '2'}\nslurm: {partition: batch, exclusive: true}\n")
+    write(
+        tmp_path,
+        "_base",
+        "vendor: nvidia\ngpu_model: H100\npeak_bf16_tflops: 989\ngpus_per_node: 8\n"
+        "env: {A: '1', B: '2'}\nslurm: {partition: batch, exclusive: true}\n",
+    )
     return tmp_path
 
 
@@ -61,12 +74,18 @@ def test_cli_overrides_win_and_are_typed(site: Path) -> None:
 
 
 def test_environment_interpolation(site: Path) -> None:
-    write(site, "mine", "extends: _base\nnodes: 1\npaths: {data_root: '${DATA}/energon', log_root: '${LOGS:-/tmp/l}'}\n")
+    write(
+        site,
+        "mine",
+        "extends: _base\nnodes: 1\npaths: {data_root: '${DATA}/energon', log_root: '${LOGS:-/tmp/l}'}\n",
+    )
     resolved = load_system("mine", environ={"DATA": "/lustre/x"})
     assert resolved.config.paths.data_root == "/lustre/x/energon"
     assert resolved.config.paths.log_root == "/tmp/l"
     assert "${DATA}" in resolved.source_of("paths.data_root")
-    with pytest.raises(FluxClusterError, match=r"mine.yaml: paths.data_root: environment variable DATA is not set"):
+    with pytest.raises(
+        FluxClusterError, match=r"mine.yaml: paths.data_root: environment variable DATA is not set"
+    ):
         load_system("mine", environ={})
 
 
@@ -80,9 +99,13 @@ def test_unknown_system_lists_the_known_ones() -> None:
 
 def test_unknown_key_suggests_the_nearest(site: Path) -> None:
     write(site, "mine", "extends: _base\nnodes: 1\nslurm: {partiton: x}\n")
-    with pytest.raises(FluxClusterError, match=r"mine.yaml: slurm.partiton: unknown key; did you mean 'slurm.partition'"):
+    with pytest.raises(
+        FluxClusterError, match=r"mine.yaml: slurm.partiton: unknown key; did you mean 'slurm.partition'"
+    ):
         load_system("mine")
-    with pytest.raises(FluxClusterError, match=r"--set: gpus_per_nod: unknown key; did you mean 'gpus_per_node'"):
+    with pytest.raises(
+        FluxClusterError, match=r"--set: gpus_per_nod: unknown key; did you mean 'gpus_per_node'"
+    ):
         load_system("local", ["gpus_per_nod=3"])
 
 
@@ -94,7 +117,9 @@ def test_wrong_type_names_file_key_value_and_type(site: Path) -> None:
         f"{site / 'mine.yaml'}: nodes: got 'four' (str), expected a valid integer, "
         "unable to parse string as an integer"
     )
-    with pytest.raises(FluxClusterError, match=r"container.runtime: got 'singularity' \(str\), expected 'pyxis'"):
+    with pytest.raises(
+        FluxClusterError, match=r"container.runtime: got 'singularity' \(str\), expected 'pyxis'"
+    ):
         load_system("local_slurm", ["container.runtime=singularity"])
 
 
@@ -103,8 +128,12 @@ def test_structural_errors_are_single_lines(site: Path) -> None:
     write(site, "loop_b", "extends: loop_a\n")
     write(site, "broken", "nodes: [1,\n")
     write(site, "listy", "- 1\n- 2\n")
-    for name, pattern in (("loop_a", "extends: cycle"), ("broken", "broken.yaml: line"),
-                          ("listy", "expected a mapping"), ("local", None)):
+    for name, pattern in (
+        ("loop_a", "extends: cycle"),
+        ("broken", "broken.yaml: line"),
+        ("listy", "expected a mapping"),
+        ("local", None),
+    ):
         if pattern is None:
             with pytest.raises(FluxClusterError, match="expected KEY=VALUE"):
                 load_system(name, ["nodes"])
@@ -115,7 +144,7 @@ def test_structural_errors_are_single_lines(site: Path) -> None:
 
 
 def test_cross_field_checks() -> None:
-    with pytest.raises(FluxClusterError, match="container.image is required"):
+    with pytest.raises(FluxClusterError, match=r"container\.image is required"):
         load_system("local_slurm", ["container.runtime=pyxis"])
     with pytest.raises(FluxClusterError, match="launcher 'local' runs on this machine"):
         load_system("local", ["nodes=2"])

@@ -62,11 +62,23 @@ def test_every_golden_file_belongs_to_a_case() -> None:
 
 def test_nvidia_script_has_what_run_sub_users_rely_on() -> None:
     text = render_case("dgx_h100x8", "train", 10)
-    for needle in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                   "--container-image=",
-                   "--container-mounts=", "--container-workdir=/workspace/flux-cluster", "--no-container-mount-home",
-                   "--container-env=", "--container-name=", "--signal=USR1@300", "vm.drop_caches=3",
-                   "--comm-only", "mlperf_logging.compliance_checker", "SEED_BASE=1234", "NEXP=10"):
+    for needle in (
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "--container-image=",
+        "--container-mounts=",
+        "--container-workdir=/workspace/flux-cluster",
+        "--no-container-mount-home",
+        "--container-env=",
+        "--container-name=",
+        "--signal=USR1@300",
+        "vm.drop_caches=3",
+        "--comm-only",
+        "mlperf_logging.compliance_checker",
+        "SEED_BASE=1234",
+        "NEXP=10",
+    ):
         assert needle in text, needle
     # NVIDIA's WALLTIME = 5 + NEXP * (WALLTIME_RUNANDTIME + 5) with run_minutes 720: 7255 min
     assert "#SBATCH --time=120:55:00" in text
@@ -75,9 +87,19 @@ def test_nvidia_script_has_what_run_sub_users_rely_on() -> None:
 
 def test_amd_script_runs_one_container_per_node() -> None:
     text = render_case("mi300x8", "train", 10)
-    for needle in ("--device=/dev/kfd", "--device=/dev/dri", "--ipc=host", "--network=host", "#SBATCH --array=0-9",
-                   "RUNTIME=docker", "\"$RUNTIME\" run --detach", "exec \"${EXEC_ENV[@]}\"", "--env=HF_TOKEN", "--signal=B:USR1@300",
-                   "trap relay_signal USR1"):
+    for needle in (
+        "--device=/dev/kfd",
+        "--device=/dev/dri",
+        "--ipc=host",
+        "--network=host",
+        "#SBATCH --array=0-9",
+        "RUNTIME=docker",
+        '"$RUNTIME" run --detach',
+        'exec "${EXEC_ENV[@]}"',
+        "--env=HF_TOKEN",
+        "--signal=B:USR1@300",
+        "trap relay_signal USR1",
+    ):
         assert needle in text, needle
     # One repeat per array task: 5 + 1 * (900 + 5) minutes.
     assert "#SBATCH --time=15:10:00" in text

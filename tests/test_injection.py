@@ -22,16 +22,40 @@ RECORDER = """#!{python}
 import json, os, sys
 with open(os.environ["RECORD_FILE"], "a") as out:
     out.write(json.dumps({"argv": [os.path.basename(sys.argv[0])] + sys.argv[1:],
-                          "probe": os.environ.get("PROBE_VAR_NAME") and os.environ.get(os.environ["PROBE_VAR_NAME"])}) + "\\n")
+                          "probe": os.environ.get(os.environ.get("PROBE_VAR_NAME") or "-")}) + "\\n")
 """
 TOOLS = ["srun", "scontrol", "sinfo", "docker", "podman", "python3", "sudo"]
 
-FRAGMENTS = ["$(touch {s})", "`touch {s}`", "; touch {s}", "\ntouch {s}\n", "' ; touch {s} ; '", '" ; touch {s} ; "',
-             "${IFS}", "$((1+1))", "*", "\\", "|| touch {s}", "&& touch {s}", "> {s}", "#", "!", "~", "{a,b}"]
-payloads = st.lists(
-    st.one_of(st.sampled_from(FRAGMENTS), st.text(alphabet="abc XYZ-_/.:=$'\"`;\\\n\t|&<>()", max_size=6)),
-    min_size=1, max_size=5,
-).map("".join).filter(lambda text: text.strip() != "")
+FRAGMENTS = [
+    "$(touch {s})",
+    "`touch {s}`",
+    "; touch {s}",
+    "\ntouch {s}\n",
+    "' ; touch {s} ; '",
+    '" ; touch {s} ; "',
+    "${IFS}",
+    "$((1+1))",
+    "*",
+    "\\",
+    "|| touch {s}",
+    "&& touch {s}",
+    "> {s}",
+    "#",
+    "!",
+    "~",
+    "{a,b}",
+]
+payloads = (
+    st.lists(
+        st.one_of(
+            st.sampled_from(FRAGMENTS), st.text(alphabet="abc XYZ-_/.:=$'\"`;\\\n\t|&<>()", max_size=6)
+        ),
+        min_size=1,
+        max_size=5,
+    )
+    .map("".join)
+    .filter(lambda text: text.strip() != "")
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +70,9 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run_rendered(config: SystemConfig, sandbox: Path, probe_var: str | None = None) -> tuple[list[dict], Path]:
+def run_rendered(
+    config: SystemConfig, sandbox: Path, probe_var: str | None = None
+) -> tuple[list[dict], Path]:
     case = sandbox / f"case{len(list(sandbox.glob('case*')))}"
     case.mkdir()
     plan = make_plan(config, "train", case / "run", "x", 7)
@@ -55,12 +81,19 @@ def run_rendered(config: SystemConfig, sandbox: Path, probe_var: str | None = No
     script.write_text(render_script(plan))
     record = case / "record.jsonl"
     env = {
-        "PATH": f"{sandbox / 'bin'}:/usr/bin:/bin", "RECORD_FILE": str(record), "HOME": str(case),
-        "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "SLURM_ARRAY_TASK_ID": "0",
+        "PATH": f"{sandbox / 'bin'}:/usr/bin:/bin",
+        "RECORD_FILE": str(record),
+        "HOME": str(case),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_ARRAY_TASK_ID": "0",
         "PROBE_VAR_NAME": probe_var or "",
     }
     # The sentinel path is relative: a payload that ran 'touch' would create it in the case directory.
-    result = subprocess.run(["bash", str(script)], cwd=case, env=env, capture_output=True, text=True, timeout=20)
+    result = subprocess.run(
+        ["bash", str(script)], cwd=case, env=env, capture_output=True, text=True, timeout=20
+    )
     assert result.returncode == 0, result.stderr
     assert not (case / "PWNED").exists(), f"injected command ran; script:\n{script.read_text()}"
     calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
@@ -85,7 +118,9 @@ def fill(template: str) -> str:
     return template.replace("{s}", "PWNED")
 
 
-SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @SETTINGS
@@ -103,8 +138,15 @@ def test_env_values_reach_the_ranks_verbatim(sandbox: Path, raw: str) -> None:
 @given(payloads)
 def test_pyxis_image_workdir_and_mounts_are_single_arguments(sandbox: Path, raw: str) -> None:
     value = fill(raw)
-    config = with_payload("dgx_h100x8", **{"container.image": value, "container.workdir": value,
-                                           "paths.data_root": f"/d{value}", "mlperf.clear_caches": False})
+    config = with_payload(
+        "dgx_h100x8",
+        **{
+            "container.image": value,
+            "container.workdir": value,
+            "paths.data_root": f"/d{value}",
+            "mlperf.clear_caches": False,
+        },
+    )
     if config is None:  # a data root that would split the mount list is rejected by validation
         assert any(c in value for c in ",:\n")
         return
@@ -119,8 +161,14 @@ def test_pyxis_image_workdir_and_mounts_are_single_arguments(sandbox: Path, raw:
 @given(payloads)
 def test_docker_run_args_and_mounts_are_single_arguments(sandbox: Path, raw: str) -> None:
     value = fill(raw)
-    config = with_payload("mi300x8", **{"container.run_args": [value], "container.mounts": [f"/src{value}:/dst"],
-                                        "container.image": value})
+    config = with_payload(
+        "mi300x8",
+        **{
+            "container.run_args": [value],
+            "container.mounts": [f"/src{value}:/dst"],
+            "container.image": value,
+        },
+    )
     calls, _ = run_rendered(config, sandbox) if config else ([], None)
     if config is None:  # mounts with ',' or a second ':' are rejected by validation
         assert "," in value or ":" in value or "\n" in value

@@ -16,18 +16,39 @@ from flux_cluster.errors import FluxClusterError
 if TYPE_CHECKING:
     from flux_cluster.plan import JobPlan
 
-NexpOption = Annotated[int | None, typer.Option("--nexp", help="Repeats, each with its own log and seed "
-                                                 "(MLPerf flux1 needs 10). Overrides mlperf.nexp.")]
-SeedOption = Annotated[int | None, typer.Option("--seed", help="Seed of repeat 0 (repeat i: seed+i). "
-                                                 "Default: drawn at submission and recorded.")]
-ExperimentOption = Annotated[str | None, typer.Option("--experiment", "-e", help="Experiment name: groups "
-                                                       "runs under runs/<experiment>/ [default: the job name].")]
-DependencyOption = Annotated[str | None, typer.Option("--dependency", help="Start after other jobs, e.g. "
-                                                       "afterok:1234 or afterany:1234:1235.")]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the job script to stdout (pipe it to "
-                                               "sbatch) and submit nothing.")]
-WaitOption = Annotated[bool, typer.Option("--wait", help="Slurm: wait until the job ends; exit non-zero "
-                                             "unless every job COMPLETED.")]
+NexpOption = Annotated[
+    int | None,
+    typer.Option(
+        "--nexp",
+        help="Repeats, each with its own log and seed (MLPerf flux1 needs 10). Overrides mlperf.nexp.",
+    ),
+]
+SeedOption = Annotated[
+    int | None,
+    typer.Option(
+        "--seed", help="Seed of repeat 0 (repeat i: seed+i). Default: drawn at submission and recorded."
+    ),
+]
+ExperimentOption = Annotated[
+    str | None,
+    typer.Option(
+        "--experiment",
+        "-e",
+        help="Experiment name: groups runs under runs/<experiment>/ [default: the job name].",
+    ),
+]
+DependencyOption = Annotated[
+    str | None,
+    typer.Option("--dependency", help="Start after other jobs, e.g. afterok:1234 or afterany:1234:1235."),
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Print the job script to stdout (pipe it to sbatch) and submit nothing."),
+]
+WaitOption = Annotated[
+    bool,
+    typer.Option("--wait", help="Slurm: wait until the job ends; exit non-zero unless every job COMPLETED."),
+]
 
 # Run paths go into #SBATCH lines (not unquoted by sbatch) and bind-mount specs (',' and ':' separate).
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_@%+=./-]+$")
@@ -46,7 +67,9 @@ def submit(
     wait: WaitOption = False,
 ) -> None:
     """Render the job for a system and submit it to Slurm (or run it here with --system local)."""
-    code = _launch(system, job, overrides or [], nexp, seed, experiment, runs_dir, dependency, dry_run, wait, ())
+    code = _launch(
+        system, job, overrides or [], nexp, seed, experiment, runs_dir, dependency, dry_run, wait, ()
+    )
     raise typer.Exit(code)
 
 
@@ -60,14 +83,31 @@ def preflight(
     dependency: DependencyOption = None,
     dry_run: DryRunOption = False,
     wait: WaitOption = False,
-    soak_seconds: Annotated[float, typer.Option("--soak-seconds", help="Keep all_reduce running this long "
-                                                  "and report bandwidth stability (survives requeue).")] = 0.0,
+    soak_seconds: Annotated[
+        float,
+        typer.Option(
+            "--soak-seconds",
+            help="Keep all_reduce running this long and report bandwidth stability (survives requeue).",
+        ),
+    ] = 0.0,
 ) -> None:
     """Check every node: Python/torch versions, accelerators, all_reduce and its bandwidth, data/log roots."""
     args = ("--soak-seconds", f"{soak_seconds:g}") if soak_seconds > 0 else ()
     extra = int(soak_seconds // 60) + 1 if soak_seconds > 0 else 0
-    code = _launch(system, "preflight", overrides or [], nexp, seed, experiment, runs_dir, dependency, dry_run,
-                   wait, args, extra_minutes=extra)
+    code = _launch(
+        system,
+        "preflight",
+        overrides or [],
+        nexp,
+        seed,
+        experiment,
+        runs_dir,
+        dependency,
+        dry_run,
+        wait,
+        args,
+        extra_minutes=extra,
+    )
     raise typer.Exit(code)
 
 
@@ -99,7 +139,9 @@ def _launch(
     seed_base = config.mlperf.seed_base
     if seed_base is None:  # drawn once and recorded in the run's config, so the run is reproducible
         seed_base = secrets.randbelow(2**31 - config.mlperf.nexp)
-        config = config.model_copy(update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})})
+        config = config.model_copy(
+            update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
+        )
     experiment = experiment or ("flux1" if job == "train" else job)
     if not _SAFE_PATH.match(experiment):
         raise FluxClusterError(f"--experiment {experiment!r}: use letters, digits and _@%+=./- only")
@@ -145,8 +187,14 @@ def _start(plan: "JobPlan", script: str, wait: bool) -> int:
     from flux_cluster.atomic import write_atomic
     from flux_cluster.rundir import SCRIPT_FILE, RunRecord, write_run_config
 
-    job_section = {"name": plan.job.name, "module": plan.job.module, "experiment": plan.experiment,
-                   "seed_base": plan.seed_base, "nexp": plan.nexp, "args": list(plan.job_args)}
+    job_section = {
+        "name": plan.job.name,
+        "module": plan.job.module,
+        "experiment": plan.experiment,
+        "seed_base": plan.seed_base,
+        "nexp": plan.nexp,
+        "args": list(plan.job_args),
+    }
     write_run_config(plan.run_dir, plan.system, job_section)
     script_path = plan.run_dir / SCRIPT_FILE
     write_atomic(script_path, script, mode=0o755)
@@ -155,8 +203,10 @@ def _start(plan: "JobPlan", script: str, wait: bool) -> int:
     if plan.system.launcher == "local":
         from flux_cluster.local_runner import run_local
 
-        console.print(f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
-                      f"{plan.system.gpus_per_node} local processes)")
+        console.print(
+            f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
+            f"{plan.system.gpus_per_node} local processes)"
+        )
         code = run_local(script_path, plan.run_dir)
         verdict = "[green]COMPLETED[/green]" if code == 0 else f"[red]FAILED (exit {code})[/red]"
         console.print(f"[bold]run[/bold] {plan.run_dir}: {verdict}")
@@ -166,9 +216,13 @@ def _start(plan: "JobPlan", script: str, wait: bool) -> int:
 
     base_id = slurm.submit_script(script, plan.slurm_dir)
     job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
-    RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array).save(plan.run_dir)
-    console.print(f"[bold]submitted[/bold] job {base_id}"
-                  f"{f' (array of {plan.nexp})' if plan.is_array else ''} for {plan.job.name} on {plan.system.name}")
+    RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array).save(
+        plan.run_dir
+    )
+    console.print(
+        f"[bold]submitted[/bold] job {base_id}"
+        f"{f' (array of {plan.nexp})' if plan.is_array else ''} for {plan.job.name} on {plan.system.name}"
+    )
     console.print(f"[bold]run[/bold] {plan.run_dir}")
     console.print(f"follow it: flux-cluster logs {plan.run_dir} --follow")
     typer.echo(base_id)

@@ -85,8 +85,13 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
             table.add_column(column)
         for job_id in record.job_ids:
             info = slurm.job_info(job_id)
-            table.add_row(job_id, states[job_id], info.get("Elapsed", "-"), info.get("NodeList", "-"),
-                          info.get("ExitCode", "-"))
+            table.add_row(
+                job_id,
+                states[job_id],
+                info.get("Elapsed", "-"),
+                info.get("NodeList", "-"),
+                info.get("ExitCode", "-"),
+            )
     Console().print(table)
 
 
@@ -105,7 +110,9 @@ def logs(
     runs_dir: RunsDirOption = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the jobs end.")] = False,
     task: Annotated[int | None, typer.Option("--task", help="Only this repeat (array task) index.")] = None,
-    stderr: Annotated[bool, typer.Option("--stderr", help="Show the jobs' stderr instead of stdout.")] = False,
+    stderr: Annotated[
+        bool, typer.Option("--stderr", help="Show the jobs' stderr instead of stdout.")
+    ] = False,
 ) -> None:
     """Print a run's job output (all repeats, or one with --task)."""
     from flux_cluster import slurm
@@ -169,4 +176,3 @@ def requeue(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
 
     slurm.requeue(record.job_ids)
     typer.echo(f"requeued {', '.join(record.job_ids)}")
-

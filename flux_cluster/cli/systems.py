@@ -20,7 +20,15 @@ def list_systems() -> None:
     from flux_cluster.config import known_systems, load_system
 
     table = Table(title="flux-cluster systems")
-    for column in ("system", "nodes x GPUs", "accelerator", "runtime", "bf16 TFLOP/s", "$/GPU-h", "description"):
+    for column in (
+        "system",
+        "nodes x GPUs",
+        "accelerator",
+        "runtime",
+        "bf16 TFLOP/s",
+        "$/GPU-h",
+        "description",
+    ):
         table.add_column(column, justify="right" if column in ("bf16 TFLOP/s", "$/GPU-h") else "left")
     for name in known_systems():
         try:
@@ -29,8 +37,15 @@ def list_systems() -> None:
             table.add_row(name, "-", "-", "-", "-", "-", f"[red]invalid: {exc}[/red]")
             continue
         runtime = "local" if c.launcher == "local" else c.container.runtime
-        table.add_row(name, f"{c.nodes} x {c.gpus_per_node}", c.gpu_model, runtime,
-                      f"{c.peak_bf16_tflops:g}", f"{c.price_per_gpu_hour:.2f}", c.description)
+        table.add_row(
+            name,
+            f"{c.nodes} x {c.gpus_per_node}",
+            c.gpu_model,
+            runtime,
+            f"{c.peak_bf16_tflops:g}",
+            f"{c.price_per_gpu_hour:.2f}",
+            c.description,
+        )
     Console().print(table)
 
 

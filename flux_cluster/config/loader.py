@@ -199,7 +199,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _explain(error: Mapping[str, Any], leaves: Mapping[str, Any], sources: Mapping[str, str], file: Path) -> str:
+def _explain(
+    error: Mapping[str, Any], leaves: Mapping[str, Any], sources: Mapping[str, str], file: Path
+) -> str:
     loc = tuple(error["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"
     origin = next((sources[k] for k in (key, *_parents(key)) if k in sources), _display(file))

@@ -45,7 +45,7 @@ class SlurmConfig(_Section):
     exclusive: bool = True
     """Ask for whole nodes (sbatch --exclusive)."""
     gres_gpus: bool = True
-    """Request the GPUs as GRES (--gpus-per-node); false on clusters that hand out whole nodes without GRES."""
+    """Request the GPUs as GRES (--gpus-per-node); false where whole nodes come without GRES."""
     cpus_per_task: int | None = Field(default=None, ge=1)
     """CPU cores per task (one task per GPU)."""
     mem: MemSize | None = None
@@ -70,7 +70,7 @@ class SlurmConfig(_Section):
 
 class ContainerConfig(_Section):
     runtime: Literal["pyxis", "docker", "podman", "none"] = "none"
-    """How ranks are started: Pyxis/enroot containers, one docker or podman container per node, or bare metal."""
+    """How ranks start: Pyxis/enroot containers, one docker/podman container per node, or bare metal."""
     image: str | None = None
     """Container image: a registry reference (pyxis 'nvcr.io#nvidia/pytorch:25.09-py3'), a .sqsh file, or a
     docker/podman image name. Required unless runtime is 'none'."""
@@ -106,7 +106,7 @@ class MlperfConfig(_Section):
     nexp: int = Field(default=1, ge=1, le=1000)
     """Repeats of the benchmark (MLPerf needs 10 runs of flux1), each with its own log and seed."""
     nexp_mode: Literal["array", "serial"] = "array"
-    """'array': one Slurm array task per repeat; 'serial': all repeats in one allocation, as NVIDIA's run.sub."""
+    """'array': a Slurm array task per repeat; 'serial': all repeats in one allocation (NVIDIA's run.sub)."""
     array_parallelism: int | None = Field(default=None, ge=1)
     """At most this many array tasks at once (sbatch --array=0-9%P)."""
     seed_base: int | None = Field(default=None, ge=0, lt=2**31)
@@ -166,7 +166,9 @@ class SystemConfig(_Section):
         if self.container.runtime != "none" and not self.container.image:
             raise ValueError(f"container.image is required with container.runtime {self.container.runtime!r}")
         if self.launcher == "local" and (self.nodes != 1 or self.container.runtime != "none"):
-            raise ValueError("launcher 'local' runs on this machine: it needs nodes 1 and container.runtime none")
+            raise ValueError(
+                "launcher 'local' runs on this machine: it needs nodes 1 and container.runtime none"
+            )
         clash = set(self.secrets) & set(self.env)
         if clash:
             raise ValueError(f"{sorted(clash)} are secrets and cannot also have values in env")
@@ -175,4 +177,3 @@ class SystemConfig(_Section):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
-

@@ -78,7 +78,11 @@ def measure_all_reduce(info: DistInfo, size_bytes: int, iterations: int, warmup:
         dist.all_reduce(buffer)
     _synchronize(info)
     seconds = _slowest((time.perf_counter() - start) / iterations, info)
-    return {"bytes": size_bytes, "seconds": seconds, "busbw_gbps": bus_bandwidth(size_bytes, seconds, info.world_size)}
+    return {
+        "bytes": size_bytes,
+        "seconds": seconds,
+        "busbw_gbps": bus_bandwidth(size_bytes, seconds, info.world_size),
+    }
 
 
 def check_directory(path: str | None, writable: bool) -> dict[str, Any]:
@@ -128,7 +132,9 @@ def soak(info: DistInfo, size_bytes: int, seconds: float, state_file: Path) -> t
     return stats, False
 
 
-def print_summary(reports: list[dict[str, Any]], bandwidth: list[dict[str, float]], failures: list[str]) -> None:
+def print_summary(
+    reports: list[dict[str, Any]], bandwidth: list[dict[str, float]], failures: list[str]
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -140,15 +146,25 @@ def print_summary(reports: list[dict[str, Any]], bandwidth: list[dict[str, float
         accel = r["accelerators"]
         devices = f"{accel['count']} x {accel['names'][0]}" if accel["count"] else "none (CPU)"
         ranks.add_row(
-            str(r["rank"]), r["host"], r["python"], r["torch"], r["backend"], devices,
-            r["data_root"]["detail"] if r["data_root"] else "-", r["run_dir"]["detail"] if r["run_dir"] else "-",
+            str(r["rank"]),
+            r["host"],
+            r["python"],
+            r["torch"],
+            r["backend"],
+            devices,
+            r["data_root"]["detail"] if r["data_root"] else "-",
+            r["run_dir"]["detail"] if r["run_dir"] else "-",
         )
     console.print(ranks)
     bw = Table(title=f"preflight: all_reduce across {reports[0]['world_size']} ranks")
     for column in ("size", "time", "bus bandwidth"):
         bw.add_column(column, justify="right")
     for row in bandwidth:
-        bw.add_row(f"{row['bytes'] / 2**20:.0f} MiB", f"{row['seconds'] * 1e3:.2f} ms", f"{row['busbw_gbps']:.3f} GB/s")
+        bw.add_row(
+            f"{row['bytes'] / 2**20:.0f} MiB",
+            f"{row['seconds'] * 1e3:.2f} ms",
+            f"{row['busbw_gbps']:.3f} GB/s",
+        )
     console.print(bw)
     best = max(row["busbw_gbps"] for row in bandwidth)
     print(f"preflight: all_reduce bus bandwidth {best:.3f} GB/s (best of {len(bandwidth)} sizes)", flush=True)
@@ -161,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True, help="the run's resolved config.yaml")
     parser.add_argument("--comm-only", action="store_true", help="only the all_reduce bandwidth test")
     parser.add_argument("--soak-seconds", type=float, default=0.0, help="all_reduce burn-in duration")
-    parser.add_argument("--max-mb", type=int, default=None, help="largest all_reduce size (default 1024 GPU, 16 CPU)")
+    parser.add_argument(
+        "--max-mb", type=int, default=None, help="largest all_reduce size (default 1024 GPU, 16 CPU)"
+    )
     args = parser.parse_args(argv)
 
     system, _job = read_run_config(args.config)
@@ -209,9 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     if info.rank == 0:
         print_summary(reports, bandwidth, failures)
         if not args.comm_only:
-            result = {"passed": not failures, "failures": failures, "ranks": reports,
-                      "all_reduce": bandwidth, "soak": soak_stats,
-                      "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0"))}
+            result = {
+                "passed": not failures,
+                "failures": failures,
+                "ranks": reports,
+                "all_reduce": bandwidth,
+                "soak": soak_stats,
+                "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            }
             write_atomic(run_dir / "results" / f"preflight_{exp}.json", json.dumps(result, indent=2) + "\n")
     dist.destroy_process_group()
     return 0 if not failures else 1

@@ -1,0 +1,132 @@
+"""Against the real localhost Slurm (slurm/local-cluster.sh): submit, arrays, cancel, requeue, script."""
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flux_cluster import slurm
+from flux_cluster.cli import app
+from flux_cluster.rundir import RunRecord, list_runs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+
+
+def launch(cli: CliRunner, *args: str) -> tuple[Path, RunRecord]:
+    result = cli.invoke(app, [*args, "--system", "local_slurm"])
+    assert result.exit_code == 0, result.output + (result.stderr if result.stderr_bytes else "")
+    run_dir = list_runs(Path("runs"))[-1]
+    record = RunRecord.load(run_dir)
+    assert record is not None and record.launcher == "slurm"
+    return run_dir, record
+
+
+def poll(predicate: Callable[[], bool], timeout_s: float = 120, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def state(job_id: str) -> str:
+    return slurm.job_states([job_id])[job_id].split()[0]
+
+
+def log_text(run_dir: Path, job_id: str) -> str:
+    path = run_dir / "slurm" / f"{job_id}_0_log.out"
+    return path.read_text() if path.exists() else ""
+
+
+def test_preflight_on_two_nodes_completes_and_reports_bandwidth(
+    cli: CliRunner, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "hf_secret_value_never_written_91c2"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    run_dir, record = launch(cli, "preflight", "--wait", "--set", "secrets=[HF_TOKEN]")
+    (job_id,) = record.job_ids
+    assert state(job_id) == "COMPLETED"
+    log = log_text(run_dir, job_id)
+    assert re.search(r"all_reduce bus bandwidth \d+\.\d+ GB/s", log) and "preflight: PASSED" in log
+    report = json.loads((run_dir / "results" / "preflight_0.json").read_text())
+    assert report["passed"] and len(report["ranks"]) == 2
+    assert {r["slurm_node"] for r in report["ranks"]} == {"n1", "n2"}  # one rank per emulated node
+    # The script Slurm ran is byte-identical to the one in the run directory.
+    assert slurm.batch_script(job_id) == (run_dir / "job.sh").read_text()
+    # The secret went by name: its value is nowhere in the run directory.
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert "HF_TOKEN" in (run_dir / "job.sh").read_text()
+    # status/logs through the CLI
+    status = cli.invoke(app, ["status", str(run_dir)])
+    assert status.exit_code == 0 and "COMPLETED" in status.output and "n[1-2]" in status.output
+    logs = cli.invoke(app, ["logs", str(run_dir)])
+    assert logs.exit_code == 0 and "preflight: PASSED" in logs.output
+
+
+def test_nexp_array_gives_runs_with_distinct_seeds(cli: CliRunner, workdir: Path) -> None:
+    run_dir, record = launch(cli, "preflight", "--nexp", "3", "--seed", "100", "--wait")
+    assert record.array and len(record.job_ids) == 3
+    assert all(state(job_id) == "COMPLETED" for job_id in record.job_ids)
+    seeds = set()
+    for index, job_id in enumerate(record.job_ids):
+        match = re.search(rf"\(index {index}\): seed (\d+)", log_text(run_dir, job_id))
+        assert match, log_text(run_dir, job_id)
+        seeds.add(int(match.group(1)))
+        assert (run_dir / "results" / f"preflight_{index}.json").is_file()
+    assert seeds == {100, 101, 102}
+    assert cli.invoke(app, ["logs", str(run_dir), "--task", "5"]).exit_code == 2
+
+
+def test_nexp_serial_runs_every_repeat_in_one_allocation(cli: CliRunner, workdir: Path) -> None:
+    run_dir, record = launch(cli, "preflight", "--nexp", "2", "--set", "mlperf.nexp_mode=serial", "--wait")
+    (job_id,) = record.job_ids
+    log = log_text(run_dir, job_id)
+    assert "(index 0)" in log and "(index 1)" in log
+    assert sorted(p.name for p in (run_dir / "results").glob("preflight_*.json")) == [
+        "preflight_0.json",
+        "preflight_1.json",
+    ]
+
+
+def test_cancel_a_running_job(cli: CliRunner, workdir: Path) -> None:
+    run_dir, record = launch(cli, "preflight", "--soak-seconds", "300")
+    (job_id,) = record.job_ids
+    poll(lambda: state(job_id) == "RUNNING", what="the job to run")
+    result = cli.invoke(app, ["cancel", str(run_dir)])
+    assert result.exit_code == 0 and job_id in result.output
+    poll(lambda: state(job_id) == "CANCELLED", what="CANCELLED")
+
+
+def test_job_requeues_itself_after_its_signal_and_resumes(cli: CliRunner, workdir: Path) -> None:
+    run_dir, record = launch(cli, "preflight", "--soak-seconds", "25")
+    (job_id,) = record.job_ids
+    poll(lambda: "repeat 1 of 1" in log_text(run_dir, job_id), what="the soak to start")
+    time.sleep(6)
+    # What Slurm does at walltime - signal_lead_s (--signal=USR1@lead): USR1 to every rank.
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    poll(lambda: "requeueing job" in log_text(run_dir, job_id), what="the job script to requeue")
+    poll(lambda: state(job_id) in slurm.FINAL_STATES, timeout_s=180, what="the requeued job to finish")
+    assert state(job_id) == "COMPLETED"
+    log = log_text(run_dir, job_id)
+    assert "SIGUSR1 received, soak progress saved" in log and "resuming the soak after a requeue" in log
+    report = json.loads((run_dir / "results" / "preflight_0.json").read_text())
+    assert report["restarts"] >= 1 and report["passed"]
+
+
+def test_dependency_waits_for_the_first_job(cli: CliRunner, workdir: Path) -> None:
+    _, first = launch(cli, "preflight", "--soak-seconds", "8")
+    _, second = launch(cli, "preflight", "--dependency", f"afterok:{first.job_ids[0]}", "--wait")
+    assert state(second.job_ids[0]) == "COMPLETED" and state(first.job_ids[0]) == "COMPLETED"
+    start_second = slurm.job_info(second.job_ids[0])["Start"]
+    end_first = subprocess.run(
+        ["sacct", "-j", first.job_ids[0], "-X", "-n", "-o", "End"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert start_second >= end_first
