@@ -22,13 +22,16 @@ def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
         record = RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=process.pid)
         record.save(run_dir)
         assert process.stdout is not None
-        for line in process.stdout:
-            log.write(line)
-            log.flush()
-            if echo:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-        code = process.wait()
+        try:
+            for line in process.stdout:
+                log.write(line)
+                log.flush()
+                if echo:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+            code = process.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached the job's processes too (same process group)
+            code = process.wait()
     record.exit_code = code
     record.save(run_dir)
     return code

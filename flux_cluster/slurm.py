@@ -8,8 +8,12 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flux_cluster.errors import FluxClusterError
+
+if TYPE_CHECKING:
+    from submitit.slurm.slurm import SlurmJob
 
 FINAL_STATES = {
     "COMPLETED",
@@ -83,12 +87,27 @@ def job_info(job_id: str) -> dict[str, str]:
     return {}
 
 
-def cancel(job_ids: Iterable[str], signal: str | None = None) -> None:
+def _job(job_id: str, folder: Path) -> "SlurmJob[None]":
+    from submitit.slurm.slurm import SlurmJob
+
+    return SlurmJob(folder=folder, job_id=job_id)
+
+
+def log_path(job_id: str, folder: Path, stderr: bool = False) -> Path:
+    """stdout (or stderr) of a job or array task, as submitit lays them out (the script's --output)."""
+    paths = _job(job_id, folder).paths
+    return paths.stderr if stderr else paths.stdout
+
+
+def cancel(job_ids: Iterable[str], folder: Path) -> None:
     _require("scancel")
-    command = ["scancel", *([f"--signal={signal}"] if signal else []), *job_ids]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise FluxClusterError(f"scancel failed: {result.stderr.strip()}")
+    from submitit.core.utils import UncompletedJobError
+
+    for job_id in job_ids:
+        try:
+            _job(job_id, folder).cancel(check=True)
+        except (UncompletedJobError, subprocess.CalledProcessError) as exc:
+            raise FluxClusterError(f"scancel {job_id} failed: {exc}") from None
 
 
 def requeue(job_ids: Iterable[str]) -> None:

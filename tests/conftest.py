@@ -10,6 +10,17 @@ import pytest
 from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
+SHIPPED_SYSTEMS = (
+    "dgx_h100x8",
+    "dgx_h200x8",
+    "dgx_b200x8",
+    "gb200_nvl72",
+    "mi300x8",
+    "mi325x8",
+    "mi355x8",
+    "local",
+    "local_slurm",
+)
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 
 
@@ -20,6 +31,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def shipped_systems() -> tuple[str, ...]:
+    """The systems the issue requires the project to ship."""
+    return SHIPPED_SYSTEMS
 
 
 @pytest.fixture

@@ -26,19 +26,10 @@ def test_help_does_not_import_torch() -> None:
     assert result.returncode == 0 and "submit" in result.stdout and "preflight" in result.stdout
 
 
-def test_systems_list_shows_every_shipped_system(cli: CliRunner) -> None:
+def test_systems_list_shows_every_shipped_system(cli: CliRunner, shipped_systems: tuple[str, ...]) -> None:
     result = cli.invoke(app, ["systems", "list"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for name in (
-        "dgx_h100x8",
-        "dgx_h200x8",
-        "dgx_b200x8",
-        "gb200_nvl72",
-        "mi300x8",
-        "mi325x8",
-        "mi355x8",
-        "local_slurm",
-    ):
+    for name in shipped_systems:
         assert name in result.output
     assert "18 x 4" in result.output  # gb200_nvl72
 
@@ -170,3 +161,10 @@ def test_train_job_before_its_entry_point_exists_is_a_clear_error(cli: CliRunner
     line = error_line(cli.invoke(app, ["submit", "--system", "local"]))
     assert "flux_cluster.train" in line
     assert not (workdir / "runs").exists()
+
+
+def test_systems_list_flags_an_invalid_site_system(cli: CliRunner, workdir: Path) -> None:
+    (workdir / "broken.yaml").write_text("extends: local\nnodes: many\n")
+    result = cli.invoke(app, ["systems", "list"], env={"FLUX_CLUSTER_SYSTEMS": str(workdir), "COLUMNS": "80"})
+    assert result.exit_code == 0 and "invalid" in result.output
+    assert "broken" in result.output and "nodes: got 'many'" in result.output.replace("\n", "")

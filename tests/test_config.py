@@ -8,18 +8,6 @@ from flux_cluster.config import known_systems, load_system
 from flux_cluster.config.loader import flat_view
 from flux_cluster.errors import FluxClusterError
 
-SHIPPED = [
-    "dgx_h100x8",
-    "dgx_h200x8",
-    "dgx_b200x8",
-    "gb200_nvl72",
-    "mi300x8",
-    "mi325x8",
-    "mi355x8",
-    "local",
-    "local_slurm",
-]
-
 
 def write(folder: Path, name: str, text: str) -> Path:
     path = folder / f"{name}.yaml"
@@ -39,10 +27,10 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_every_shipped_system_is_valid_and_listed() -> None:
-    assert set(SHIPPED) <= set(known_systems())
+def test_every_shipped_system_is_valid_and_listed(shipped_systems: tuple[str, ...]) -> None:
+    assert set(shipped_systems) <= set(known_systems())
     assert not any(name.startswith("_") for name in known_systems())
-    for name in SHIPPED:
+    for name in shipped_systems:
         config = load_system(name).config
         assert config.name == name
     assert load_system("gb200_nvl72").config.gpus_per_node == 4
@@ -89,12 +77,12 @@ def test_environment_interpolation(site: Path) -> None:
         load_system("mine", environ={})
 
 
-def test_unknown_system_lists_the_known_ones() -> None:
+def test_unknown_system_lists_the_known_ones(shipped_systems: tuple[str, ...]) -> None:
     with pytest.raises(FluxClusterError) as error:
         load_system("dgx_h100x9")
     message = str(error.value)
     assert "unknown system 'dgx_h100x9'" in message and "did you mean 'dgx_h100x8'" in message
-    assert all(name in message for name in SHIPPED)
+    assert all(name in message for name in shipped_systems)
 
 
 def test_unknown_key_suggests_the_nearest(site: Path) -> None:

@@ -130,3 +130,21 @@ def test_dependency_waits_for_the_first_job(cli: CliRunner, workdir: Path) -> No
         ["sacct", "-j", first.job_ids[0], "-X", "-n", "-o", "End"], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert start_second >= end_first
+
+
+def test_logs_follow_returns_when_the_job_ends(cli: CliRunner, workdir: Path) -> None:
+    run_dir, _ = launch(cli, "preflight", "--soak-seconds", "4")
+    result = cli.invoke(app, ["logs", str(run_dir), "--follow"])
+    assert result.exit_code == 0
+    assert "repeat 1 of 1" in result.output and "preflight: PASSED" in result.output
+
+
+def test_runs_requeue_restarts_a_running_job(cli: CliRunner, workdir: Path) -> None:
+    run_dir, record = launch(cli, "preflight", "--soak-seconds", "300")
+    (job_id,) = record.job_ids
+    poll(lambda: "repeat 1 of 1" in log_text(run_dir, job_id), what="the job to start")
+    result = cli.invoke(app, ["runs", "requeue", str(run_dir)])
+    assert result.exit_code == 0 and job_id in result.output
+    poll(lambda: "restart 1" in log_text(run_dir, job_id), what="the requeued job to start again")
+    cli.invoke(app, ["cancel", str(run_dir)])
+    poll(lambda: state(job_id) == "CANCELLED", what="CANCELLED")

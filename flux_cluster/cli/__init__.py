@@ -1,6 +1,8 @@
 """The flux-cluster command line. Start-up stays light: heavy imports (torch, submitit, pydantic
 models) happen inside the commands that need them, never at import time."""
 
+from typing import Any
+
 import typer
 from typer.core import TyperGroup
 
@@ -11,7 +13,7 @@ from flux_cluster.errors import FluxClusterError
 class _CleanErrors(TyperGroup):
     """A FluxClusterError (or an OS error such as a full disk) becomes one line on stderr and exit code 2."""
 
-    def invoke(self, ctx):  # type: ignore[no-untyped-def]
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except FluxClusterError as exc:

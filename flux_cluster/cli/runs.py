@@ -5,17 +5,20 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flux_cluster.cli.options import RunArgument, RunsDirOption
 from flux_cluster.errors import FluxClusterError
 
+if TYPE_CHECKING:
+    from flux_cluster.rundir import RunRecord
+
 app = typer.Typer(help="List and manage runs (run directories and their Slurm jobs).", no_args_is_help=True)
 
 
-def _load(run: str | None, runs_dir: Path | None):  # type: ignore[no-untyped-def]
+def _load(run: str | None, runs_dir: Path | None) -> "tuple[Path, RunRecord]":
     from flux_cluster.rundir import RunRecord, resolve_run, runs_root
 
     run_dir = resolve_run(run, runs_root(runs_dir))
@@ -25,13 +28,13 @@ def _load(run: str | None, runs_dir: Path | None):  # type: ignore[no-untyped-de
     return run_dir, record
 
 
-def _local_state(record) -> str:  # type: ignore[no-untyped-def]
+def _local_state(record: "RunRecord") -> str:
     if record.exit_code is not None:
         return "COMPLETED" if record.exit_code == 0 else f"FAILED (exit {record.exit_code})"
     return "RUNNING" if record.pid and Path(f"/proc/{record.pid}").exists() else "UNKNOWN"
 
 
-def _states(record) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def _states(record: "RunRecord") -> dict[str, str]:
     if record.launcher == "local":
         return {"local": _local_state(record)}
     from flux_cluster import slurm
@@ -95,13 +98,14 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     Console().print(table)
 
 
-def _log_files(run_dir: Path, record, stderr: bool) -> list[Path]:  # type: ignore[no-untyped-def]
+def _log_files(run_dir: Path, record: "RunRecord", stderr: bool) -> list[Path]:
     from flux_cluster.local_runner import LOCAL_LOG
 
     if record.launcher == "local":
         return [run_dir / "slurm" / LOCAL_LOG]
-    suffix = "err" if stderr else "out"
-    return [run_dir / "slurm" / f"{job_id}_0_log.{suffix}" for job_id in record.job_ids]
+    from flux_cluster import slurm
+
+    return [slurm.log_path(job_id, run_dir / "slurm", stderr) for job_id in record.job_ids]
 
 
 @app.command("logs")
@@ -138,7 +142,7 @@ def logs(
                     offsets[path] += len(chunk)
         if not follow:
             return
-        states = _states(record) if record.launcher == "slurm" else {"local": _local_state(record)}
+        states = _states(record)
         if all(s.split()[0] in slurm.FINAL_STATES for s in states.values()):
             return
         time.sleep(1.0)
@@ -162,7 +166,7 @@ def cancel(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
         return
     from flux_cluster import slurm
 
-    slurm.cancel(record.job_ids)
+    slurm.cancel(record.job_ids, run_dir / "slurm")
     typer.echo(f"cancelled {', '.join(record.job_ids)}")
 
 

@@ -19,34 +19,37 @@ def list_systems() -> None:
 
     from flux_cluster.config import known_systems, load_system
 
+    console = Console()
+    wide = console.width >= 120  # the description column only where it fits
     table = Table(title="flux-cluster systems")
-    for column in (
-        "system",
-        "nodes x GPUs",
-        "accelerator",
-        "runtime",
-        "bf16 TFLOP/s",
-        "$/GPU-h",
-        "description",
-    ):
-        table.add_column(column, justify="right" if column in ("bf16 TFLOP/s", "$/GPU-h") else "left")
+    columns = ["system", "nodes x GPUs", "accelerator", "runtime", "bf16 TFLOP/s", "$/GPU-h"]
+    for column in columns:
+        table.add_column(
+            column, justify="right" if column in ("bf16 TFLOP/s", "$/GPU-h") else "left", no_wrap=True
+        )
+    if wide:
+        table.add_column("description", overflow="fold")
+    problems: list[str] = []
     for name in known_systems():
         try:
             c = load_system(name).config
         except FluxClusterError as exc:
-            table.add_row(name, "-", "-", "-", "-", "-", f"[red]invalid: {exc}[/red]")
+            problems.append(f"{name}: {exc}")
+            table.add_row(name, "-", "[red]invalid[/red]", "-", "-", "-", *(["-"] if wide else []))
             continue
         runtime = "local" if c.launcher == "local" else c.container.runtime
-        table.add_row(
+        cells = [
             name,
             f"{c.nodes} x {c.gpus_per_node}",
             c.gpu_model,
             runtime,
             f"{c.peak_bf16_tflops:g}",
             f"{c.price_per_gpu_hour:.2f}",
-            c.description,
-        )
-    Console().print(table)
+        ]
+        table.add_row(*cells, *([c.description] if wide else []))
+    console.print(table)
+    for problem in problems:
+        console.print(f"[red]invalid system[/red] {problem}", highlight=False)
 
 
 @app.command("show")
