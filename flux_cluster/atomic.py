@@ -5,6 +5,12 @@ import tempfile
 from pathlib import Path
 
 
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -15,8 +21,8 @@ def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        # mkstemp creates 0600, which would hide run files from teammates and from containers.
+        os.chmod(tmp, _default_mode() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,5 +1,8 @@
 """Run a rendered job script on this machine (launcher 'local'): no Slurm, output tee'd to the run dir."""
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +19,11 @@ def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
     with (
         log_path.open("ab") as log,
         subprocess.Popen(
-            ["bash", str(script_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=run_dir
+            ["bash", str(script_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=run_dir,
+            start_new_session=True,  # its own group: 'flux-cluster cancel' stops torchrun and the ranks too
         ) as process,
     ):
         record = RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=process.pid)
@@ -30,8 +37,15 @@ def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
                     sys.stdout.buffer.write(line)
                     sys.stdout.flush()
             code = process.wait()
-        except KeyboardInterrupt:  # Ctrl-C reached the job's processes too (same process group)
+        except KeyboardInterrupt:
+            stop_group(process.pid)
             code = process.wait()
     record.exit_code = code
     record.save(run_dir)
     return code
+
+
+def stop_group(pid: int) -> None:
+    """SIGTERM the run's whole process group (bash, torchrun, the ranks)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)

@@ -1,6 +1,5 @@
 """Everything a job script needs, computed once in Python so the templates stay declarative."""
 
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -8,7 +7,7 @@ from pathlib import Path
 from flux_cluster import __version__
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.jobs import JOBS, PREFLIGHT_MINUTES, REQUEUE_EXIT_CODE, JobKind
+from flux_cluster.jobs import JOBS, PREFLIGHT_MINUTES, JobKind
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,6 @@ class JobPlan:
     dependency: str | None = None
     extra_minutes: int = 0
     version: str = __version__
-    requeue_exit_code: int = REQUEUE_EXIT_CODE
     python_fallback: str = field(default_factory=lambda: sys.executable)
 
     @property
@@ -40,7 +38,10 @@ class JobPlan:
 
     @property
     def python(self) -> str:
-        return self.system.python or self.python_fallback
+        """The interpreter in the job: the config's, else 'python' in containers, else this interpreter."""
+        if self.system.python:
+            return self.system.python
+        return "python" if self.system.container.runtime != "none" else self.python_fallback
 
     @property
     def nexp(self) -> int:
@@ -132,6 +133,8 @@ class JobPlan:
             "FLUX_RESULT_LOG",
             "FLUX_CACHE_CLEARED",
             "FLUX_DATA_DIR",
+            "FLUX_REQUEUE_MARKER",
+            "FLUX_PID_DIR",
         ]
         return [*slurm, *ours, *self.system.env, *self.system.secrets]
 
@@ -161,7 +164,7 @@ def make_plan(
         seed_base=seed_base,
         job_args=job_args,
         dependency=dependency,
-        extra_minutes=math.ceil(extra_minutes),
+        extra_minutes=extra_minutes,
     )
 
 

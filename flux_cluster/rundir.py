@@ -31,12 +31,15 @@ def runs_root(cli_value: Path | None, system: SystemConfig | None = None) -> Pat
     return Path("runs")
 
 
+def run_dir_name(system_name: str, attempt: int = 1) -> str:
+    suffix = "" if attempt == 1 else f"-{attempt}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{system_name}{suffix}"
+
+
 def create_run_dir(root: Path, experiment: str, system_name: str) -> Path:
     parent = (root / experiment).absolute()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1, 1000):
-        suffix = "" if attempt == 1 else f"-{attempt}"
-        path = parent / f"{stamp}-{system_name}{suffix}"
+        path = parent / run_dir_name(system_name, attempt)
         try:
             path.mkdir(parents=True)
         except FileExistsError:
@@ -80,15 +83,18 @@ class RunRecord:
         path = run_dir / JOBS_FILE
         if not path.is_file():
             return None
-        return cls(**json.loads(path.read_text()))
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError) as exc:
+            raise FluxClusterError(f"{path}: not a flux-cluster jobs file ({type(exc).__name__})") from None
 
 
 def list_runs(root: Path) -> list[Path]:
-    """Run directories under root, oldest first."""
+    """Run directories under root, oldest first (their names start with the launch time)."""
     if not root.is_dir():
         return []
     found = [p.parent for p in root.glob(f"*/*/{CONFIG_FILE}")]
-    return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+    return sorted(found, key=lambda p: (p.name, p.parent.name))
 
 
 def resolve_run(spec: str | None, root: Path) -> Path:
@@ -101,7 +107,8 @@ def resolve_run(spec: str | None, root: Path) -> Path:
     as_path = Path(spec)
     if (as_path / CONFIG_FILE).is_file():
         return as_path.absolute()
-    matches = [r for r in runs if str(r).endswith(spec)]
+    wanted = Path(spec).parts
+    matches = [r for r in runs if r.parts[-len(wanted) :] == wanted or r.name.endswith(spec)]
     if len(matches) == 1:
         return matches[0]
     if not matches:

@@ -6,6 +6,7 @@ the Jinja rendering, so the file Slurm runs is exactly the one stored in the run
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,32 @@ FINAL_STATES = {
     "BOOT_FAIL",
     "DEADLINE",
 }
+
+
+def is_final(state: str) -> bool:
+    """sacct states carry suffixes ('CANCELLED by 0'): compare the first word."""
+    return state.split()[0] in FINAL_STATES if state else False
+
+
+def wait_until_final(
+    job_ids: list[str], poll_s: float = 2.0, unknown_limit_s: float = 120.0
+) -> dict[str, str]:
+    """Poll sacct until every job has ended. Fails clearly if sacct knows none of them for too long."""
+    unknown_since: float | None = None
+    while True:
+        states = job_states(job_ids)
+        if all(is_final(state) for state in states.values()):
+            return states
+        if all(state == "UNKNOWN" for state in states.values()):
+            unknown_since = unknown_since or time.monotonic()
+            if time.monotonic() - unknown_since > unknown_limit_s:
+                raise FluxClusterError(
+                    f"sacct has reported no state for {', '.join(job_ids)} for {unknown_limit_s:.0f} s: "
+                    "is Slurm accounting (slurmdbd) running?"
+                )
+        else:
+            unknown_since = None
+        time.sleep(poll_s)
 
 
 def _require(tool: str) -> None:

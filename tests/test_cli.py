@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
+from flux_cluster.rundir import RunRecord, list_runs
 
 
 def error_line(result) -> str:  # type: ignore[no-untyped-def]
@@ -55,13 +56,17 @@ def test_systems_show_tells_where_values_come_from(cli: CliRunner) -> None:
     )
 
 
-def test_dry_run_prints_the_exact_script(cli: CliRunner, workdir: Path) -> None:
+def test_dry_run_prints_the_script_it_prepared(cli: CliRunner, workdir: Path) -> None:
     result = cli.invoke(app, ["submit", "--system", "dgx_h100x8", "--dry-run", "--nexp", "10", "--seed", "5"])
     assert result.exit_code == 0
     script = result.stdout
     assert script.startswith("#!/bin/bash\n#SBATCH --job-name=flux-train-dgx_h100x8\n")
     assert "NEXP=10" in script and "SEED_BASE=5" in script and "--container-image=" in script
-    assert not (workdir / "runs").exists(), "a dry run must not write anything"
+    (run_dir,) = list_runs(workdir / "runs")
+    assert (run_dir / "job.sh").read_text() == script, "stdout is exactly the prepared script"
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "slurm").is_dir()  # what sbatch needs
+    record = RunRecord.load(run_dir)
+    assert record is not None and record.launcher == "dry-run" and record.job_ids == []
     check = subprocess.run(["bash", "-n"], input=script, text=True)
     assert check.returncode == 0
 

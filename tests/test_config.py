@@ -138,3 +138,55 @@ def test_cross_field_checks() -> None:
         load_system("local", ["nodes=2"])
     with pytest.raises(FluxClusterError, match=r"slurm.extra_sbatch.0: got|slurm.extra_sbatch.0: .*match"):
         load_system("local_slurm", ["slurm.extra_sbatch=['--comment=a b']"])
+
+
+def test_dollar_dollar_is_a_literal_dollar(site: Path) -> None:
+    write(site, "mine", "extends: _base\nnodes: 1\nenv: {P: '$${HOME}/x', Q: 'a$$b'}\n")
+    assert load_system("mine", environ={"HOME": "/root"}).config.env == {
+        "A": "1",
+        "B": "2",
+        "P": "${HOME}/x",
+        "Q": "a$b",
+    }
+
+
+def test_yaml_times_stay_strings_and_numbers_become_env_strings(site: Path) -> None:
+    write(
+        site, "mine", "extends: _base\nnodes: 1\nslurm: {walltime: 12:00:00}\nenv: {NCCL_MIN_NCHANNELS: 32}\n"
+    )
+    config = load_system("mine").config
+    assert config.slurm.walltime == "12:00:00" and config.env["NCCL_MIN_NCHANNELS"] == "32"
+    assert load_system("local_slurm", ["slurm.walltime=1-00:00:00"]).config.slurm.walltime == "1-00:00:00"
+    with pytest.raises(FluxClusterError, match=r"--set: slurm.walltime: expected minutes, H:MM:SS"):
+        load_system("local_slurm", ["slurm.walltime=12:00"])  # MM:SS to Slurm: refused as ambiguous
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.BASH_ENV=/tmp/x", "BASH_ENV is set by the job script or read by bash"),
+        ("env.SLURM_NTASKS=3", "SLURM_NTASKS is set by the job script"),
+        ("secrets=[MASTER_ADDR]", "MASTER_ADDR is set by the job script"),
+        ("slurm.extra_sbatch=[--output=/tmp/x]", "--output is set by flux-cluster itself"),
+        ("slurm.extra_sbatch=[--export=NONE]", "--export is set by flux-cluster itself"),
+        ("slurm.signal_lead_s=70000", "less than or equal to 65535"),
+        ("name=a/b", "--set: name: got 'a/b'"),
+    ],
+)
+def test_values_that_would_break_the_job_are_refused(override: str, message: str) -> None:
+    with pytest.raises(FluxClusterError) as error:
+        load_system("local_slurm", [override])
+    assert message in str(error.value)
+
+
+def test_errors_blame_the_option_that_set_the_value() -> None:
+    with pytest.raises(FluxClusterError, match=r"^--nexp: mlperf.nexp: got 0 \(int\)"):
+        load_system("local", [("mlperf.nexp=0", "--nexp")])
+    with pytest.raises(FluxClusterError, match=r"^--set: slurm.partition: got \{'x': 5\} \(dict\)"):
+        load_system("local_slurm", ["slurm.partition.x=5"])
+
+
+def test_a_file_that_is_not_utf8_is_one_clean_error(site: Path) -> None:
+    (site / "latin.yaml").write_bytes(b"description: caf\xe9\n")
+    with pytest.raises(FluxClusterError, match=r"latin.yaml: not UTF-8 text"):
+        load_system("latin")

@@ -2,6 +2,9 @@
 
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -44,3 +47,44 @@ def test_local_preflight_fails_on_a_missing_data_root(cli: CliRunner, workdir: P
     )
     assert result.exit_code != 0
     assert "FAILED" in result.output and "missing or not a directory" in result.output
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_cancel_stops_every_process_of_a_local_run(cli: CliRunner, workdir: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "flux_cluster",
+        "preflight",
+        "--system",
+        "local",
+        "--soak-seconds",
+        "120",
+    ]
+    runner = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        runs = list_runs(workdir / "runs")
+        if runs and len(_processes_mentioning(str(runs[0] / "config.yaml"))) >= 2:  # both ranks are up
+            break
+        assert time.monotonic() < deadline, "the local run did not start"
+        time.sleep(0.2)
+    result = cli.invoke(app, ["cancel"])
+    assert result.exit_code == 0 and "stopped local run" in result.output
+    assert runner.wait(timeout=30) != 0
+    deadline = time.monotonic() + 20
+    while _processes_mentioning(str(runs[0])):
+        assert time.monotonic() < deadline, "ranks survived the cancel"
+        time.sleep(0.2)
+    status = cli.invoke(app, ["status"])
+    assert "FAILED" in status.output

@@ -148,3 +148,16 @@ def test_runs_requeue_restarts_a_running_job(cli: CliRunner, workdir: Path) -> N
     poll(lambda: "restart 1" in log_text(run_dir, job_id), what="the requeued job to start again")
     cli.invoke(app, ["cancel", str(run_dir)])
     poll(lambda: state(job_id) == "CANCELLED", what="CANCELLED")
+
+
+def test_dry_run_output_runs_under_plain_sbatch(cli: CliRunner, workdir: Path) -> None:
+    result = cli.invoke(app, ["preflight", "--system", "local_slurm", "--dry-run"])
+    assert result.exit_code == 0
+    submitted = subprocess.run(
+        ["sbatch", "--parsable"], input=result.stdout, capture_output=True, text=True, check=True, cwd=workdir
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    poll(lambda: slurm.is_final(state(job_id)), what="the hand-submitted job to finish")
+    assert state(job_id) == "COMPLETED"
+    (run_dir,) = list_runs(workdir / "runs")
+    assert json.loads((run_dir / "results" / "preflight_0.json").read_text())["passed"]

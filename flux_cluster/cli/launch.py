@@ -5,6 +5,7 @@ import re
 import secrets
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -43,15 +44,39 @@ DependencyOption = Annotated[
 ]
 DryRunOption = Annotated[
     bool,
-    typer.Option("--dry-run", help="Print the job script to stdout (pipe it to sbatch) and submit nothing."),
+    typer.Option(
+        "--dry-run",
+        help="Prepare the run directory and print the job script to stdout, submit "
+        "nothing: 'flux-cluster submit ... --dry-run | sbatch' runs it.",
+    ),
 ]
 WaitOption = Annotated[
     bool,
-    typer.Option("--wait", help="Slurm: wait until the job ends; exit non-zero unless every job COMPLETED."),
+    typer.Option("--wait", help="Slurm: wait until the jobs end; exit non-zero unless all COMPLETED."),
 ]
 
-# Run paths go into #SBATCH lines (not unquoted by sbatch) and bind-mount specs (',' and ':' separate).
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_@%+=./-]+$")
+# Run paths go into #SBATCH lines (sbatch neither unquotes them nor leaves '%' alone) and into
+# bind-mount specs (',' and ':' separate entries there): keep them to these characters.
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_@+=./-]+$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the user asked for on the command line."""
+
+    system: str
+    job: str
+    overrides: list[str] = field(default_factory=list)
+    nexp: int | None = None
+    seed: int | None = None
+    experiment: str | None = None
+    runs_dir: Path | None = None
+    dependency: str | None = None
+    dry_run: bool = False
+    wait: bool = False
+    job_args: tuple[str, ...] = ()
+    extra_minutes: int = 0
 
 
 def submit(
@@ -67,10 +92,10 @@ def submit(
     wait: WaitOption = False,
 ) -> None:
     """Render the job for a system and submit it to Slurm (or run it here with --system local)."""
-    code = _launch(
-        system, job, overrides or [], nexp, seed, experiment, runs_dir, dependency, dry_run, wait, ()
+    request = LaunchRequest(
+        system, job, overrides or [], nexp, seed, experiment, runs_dir, dependency, dry_run, wait
     )
-    raise typer.Exit(code)
+    raise typer.Exit(launch(request))
 
 
 def preflight(
@@ -87,14 +112,13 @@ def preflight(
         float,
         typer.Option(
             "--soak-seconds",
-            help="Keep all_reduce running this long and report bandwidth stability (survives requeue).",
+            help="Keep all_reduce running this long and report bandwidth "
+            "stability (resumes after a requeue).",
         ),
     ] = 0.0,
 ) -> None:
     """Check every node: Python/torch versions, accelerators, all_reduce and its bandwidth, data/log roots."""
-    args = ("--soak-seconds", f"{soak_seconds:g}") if soak_seconds > 0 else ()
-    extra = int(soak_seconds // 60) + 1 if soak_seconds > 0 else 0
-    code = _launch(
+    request = LaunchRequest(
         system,
         "preflight",
         overrides or [],
@@ -105,60 +129,65 @@ def preflight(
         dependency,
         dry_run,
         wait,
-        args,
-        extra_minutes=extra,
+        job_args=("--soak-seconds", f"{soak_seconds:g}") if soak_seconds > 0 else (),
+        extra_minutes=int(soak_seconds // 60) + 1 if soak_seconds > 0 else 0,
     )
-    raise typer.Exit(code)
+    raise typer.Exit(launch(request))
 
 
-def _launch(
-    system_name: str,
-    job: str,
-    overrides: list[str],
-    nexp: int | None,
-    seed: int | None,
-    experiment: str | None,
-    runs_dir: Path | None,
-    dependency: str | None,
-    dry_run: bool,
-    wait: bool,
-    job_args: tuple[str, ...],
-    extra_minutes: int = 0,
-) -> int:
+def launch(request: LaunchRequest) -> int:
     from flux_cluster.config import load_system
     from flux_cluster.plan import make_plan
     from flux_cluster.render import render_script
     from flux_cluster.rundir import create_run_dir, runs_root
 
-    cli_overrides = list(overrides)
-    if nexp is not None:
-        cli_overrides.append(f"mlperf.nexp={nexp}")
-    if seed is not None:
-        cli_overrides.append(f"mlperf.seed_base={seed}")
-    config = load_system(system_name, cli_overrides).config
+    overrides: list[str | tuple[str, str]] = list(request.overrides)
+    if request.nexp is not None:
+        overrides.append((f"mlperf.nexp={request.nexp}", "--nexp"))
+    if request.seed is not None:
+        overrides.append((f"mlperf.seed_base={request.seed}", "--seed"))
+    config = load_system(request.system, overrides).config
     seed_base = config.mlperf.seed_base
     if seed_base is None:  # drawn once and recorded in the run's config, so the run is reproducible
         seed_base = secrets.randbelow(2**31 - config.mlperf.nexp)
         config = config.model_copy(
             update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
         )
-    experiment = experiment or ("flux1" if job == "train" else job)
-    if not _SAFE_PATH.match(experiment):
-        raise FluxClusterError(f"--experiment {experiment!r}: use letters, digits and _@%+=./- only")
-    root = runs_root(runs_dir, config)
+    experiment = request.experiment or ("flux1" if request.job == "train" else request.job)
+    if not _PLAIN_NAME.match(experiment):
+        raise FluxClusterError(f"--experiment {experiment!r}: one name of letters, digits and _.- (no '/')")
+    root = runs_root(request.runs_dir, config).absolute()
+    if config.launcher == "slurm" and not _SAFE_PATH.match(str(root)):
+        raise FluxClusterError(
+            f"runs directory {root}: Slurm needs a path of letters, digits and _@+=./- only (no spaces); "
+            "choose another with --runs-dir"
+        )
+    if not request.dry_run:
+        _check_job_available(request.job)
 
-    if dry_run:
-        planned = (root / experiment).absolute() / f"{time.strftime('%Y%m%d-%H%M%S')}-{config.name}"
-        plan = make_plan(config, job, planned, experiment, seed_base, job_args, dependency, extra_minutes)
-        _check_run_path(plan.run_dir, config.launcher)
-        sys.stdout.write(render_script(plan))
-        return 0
-
-    _check_job_available(job)
-    _check_run_path((root / experiment).absolute(), config.launcher)
     run_dir = create_run_dir(root, experiment, config.name)
-    plan = make_plan(config, job, run_dir, experiment, seed_base, job_args, dependency, extra_minutes)
-    return _start(plan, render_script(plan), wait)
+    plan = make_plan(
+        config,
+        request.job,
+        run_dir,
+        experiment,
+        seed_base,
+        request.job_args,
+        request.dependency,
+        request.extra_minutes,
+    )
+    script = render_script(plan)
+    _prepare(plan, script)
+    if request.dry_run:
+        from flux_cluster.rundir import RunRecord
+
+        RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time()).save(run_dir)
+        typer.echo(f"prepared {run_dir} (not submitted)", err=True)
+        sys.stdout.write(script)
+        return 0
+    if config.launcher == "local":
+        return _run_here(plan)
+    return _submit(plan, script, request.wait)
 
 
 def _check_job_available(job: str) -> None:
@@ -172,20 +201,10 @@ def _check_job_available(job: str) -> None:
         )
 
 
-def _check_run_path(path: Path, launcher: str) -> None:
-    # The run directory appears in #SBATCH lines, which sbatch does not unquote: keep it plain.
-    if launcher == "slurm" and not _SAFE_PATH.match(str(path)):
-        raise FluxClusterError(
-            f"run directory {path}: Slurm needs a path of letters, digits and _@%+=./- only "
-            "(no spaces); choose another with --runs-dir"
-        )
-
-
-def _start(plan: "JobPlan", script: str, wait: bool) -> int:
-    from rich.console import Console
-
+def _prepare(plan: "JobPlan", script: str) -> None:
+    """The run directory: resolved config (read by every rank), the script, the Slurm log folder."""
     from flux_cluster.atomic import write_atomic
-    from flux_cluster.rundir import SCRIPT_FILE, RunRecord, write_run_config
+    from flux_cluster.rundir import SCRIPT_FILE, write_run_config
 
     job_section = {
         "name": plan.job.name,
@@ -196,48 +215,48 @@ def _start(plan: "JobPlan", script: str, wait: bool) -> int:
         "args": list(plan.job_args),
     }
     write_run_config(plan.run_dir, plan.system, job_section)
-    script_path = plan.run_dir / SCRIPT_FILE
-    write_atomic(script_path, script, mode=0o755)
+    write_atomic(plan.run_dir / SCRIPT_FILE, script, mode=0o755)
+    plan.slurm_dir.mkdir(exist_ok=True)  # Slurm opens --output there before the script starts
+
+
+def _run_here(plan: "JobPlan") -> int:
+    from rich.console import Console
+
+    from flux_cluster.local_runner import run_local
+    from flux_cluster.rundir import SCRIPT_FILE
+
     console = Console(stderr=True)
+    console.print(
+        f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
+        f"{plan.system.gpus_per_node} local processes)"
+    )
+    code = run_local(plan.run_dir / SCRIPT_FILE, plan.run_dir)
+    verdict = "[green]COMPLETED[/green]" if code == 0 else f"[red]FAILED (exit {code})[/red]"
+    console.print(f"[bold]run[/bold] {plan.run_dir}: {verdict}")
+    return code
 
-    if plan.system.launcher == "local":
-        from flux_cluster.local_runner import run_local
 
-        console.print(
-            f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
-            f"{plan.system.gpus_per_node} local processes)"
-        )
-        code = run_local(script_path, plan.run_dir)
-        verdict = "[green]COMPLETED[/green]" if code == 0 else f"[red]FAILED (exit {code})[/red]"
-        console.print(f"[bold]run[/bold] {plan.run_dir}: {verdict}")
-        return code
+def _submit(plan: "JobPlan", script: str, wait: bool) -> int:
+    from rich.console import Console
 
     from flux_cluster import slurm
+    from flux_cluster.rundir import RunRecord
 
+    console = Console(stderr=True)
     base_id = slurm.submit_script(script, plan.slurm_dir)
     job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
     RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array).save(
         plan.run_dir
     )
+    array_note = f" (array of {plan.nexp})" if plan.is_array else ""
     console.print(
-        f"[bold]submitted[/bold] job {base_id}"
-        f"{f' (array of {plan.nexp})' if plan.is_array else ''} for {plan.job.name} on {plan.system.name}"
+        f"[bold]submitted[/bold] job {base_id}{array_note} for {plan.job.name} on {plan.system.name}"
     )
     console.print(f"[bold]run[/bold] {plan.run_dir}")
     console.print(f"follow it: flux-cluster logs {plan.run_dir} --follow")
     typer.echo(base_id)
     if not wait:
         return 0
-    states = _wait_for(job_ids)
+    states = slurm.wait_until_final(job_ids)
     console.print(", ".join(f"{job_id} {state}" for job_id, state in states.items()))
     return 0 if all(state == "COMPLETED" for state in states.values()) else 1
-
-
-def _wait_for(job_ids: list[str], poll_s: float = 2.0) -> dict[str, str]:
-    from flux_cluster import slurm
-
-    while True:
-        states = slurm.job_states(job_ids)
-        if all(state.split()[0] in slurm.FINAL_STATES for state in states.values()):
-            return states
-        time.sleep(poll_s)

@@ -1,7 +1,5 @@
 """flux-cluster runs / status / logs / cancel: follow what was submitted, from its run directory."""
 
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -31,12 +29,15 @@ def _load(run: str | None, runs_dir: Path | None) -> "tuple[Path, RunRecord]":
 def _local_state(record: "RunRecord") -> str:
     if record.exit_code is not None:
         return "COMPLETED" if record.exit_code == 0 else f"FAILED (exit {record.exit_code})"
-    return "RUNNING" if record.pid and Path(f"/proc/{record.pid}").exists() else "UNKNOWN"
+    if record.launcher == "dry-run":
+        return "NOT SUBMITTED"
+    alive = record.pid is not None and Path(f"/proc/{record.pid}").exists()
+    return "RUNNING" if alive else "FAILED (the runner exited without a status)"
 
 
 def _states(record: "RunRecord") -> dict[str, str]:
-    if record.launcher == "local":
-        return {"local": _local_state(record)}
+    if record.launcher != "slurm":
+        return {record.launcher: _local_state(record)}
     from flux_cluster import slurm
 
     return slurm.job_states(record.job_ids)
@@ -45,6 +46,7 @@ def _states(record: "RunRecord") -> dict[str, str]:
 @app.command("list")
 def list_runs(runs_dir: RunsDirOption = None) -> None:
     """Table of runs under the runs directory, with their live state."""
+    import yaml
     from rich.console import Console
     from rich.table import Table
 
@@ -55,16 +57,22 @@ def list_runs(runs_dir: RunsDirOption = None) -> None:
     for column in ("run", "system", "job", "jobs", "state", "started"):
         table.add_column(column)
     for run_dir in list_runs(root):
-        system, job = read_run_config(run_dir / "config.yaml")
-        record = RunRecord.load(run_dir)
+        name = f"{run_dir.parent.name}/{run_dir.name}"
+        try:
+            system, job = read_run_config(run_dir / "config.yaml")
+            record = RunRecord.load(run_dir)
+        except (OSError, ValueError, KeyError, TypeError, FluxClusterError, yaml.YAMLError) as exc:
+            # another version's or a damaged run directory: list it, don't fail the listing
+            table.add_row(name, "-", "-", "-", f"unreadable: {exc}", "-")
+            continue
         if record is None:
             ids, state, started = "-", "not started", "-"
         else:
             states = _states(record)
-            ids = ",".join(record.job_ids) or "local"
+            ids = ",".join(record.job_ids) or record.launcher
             state = ", ".join(sorted(set(states.values())))
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.submitted_at))
-        table.add_row(f"{run_dir.parent.name}/{run_dir.name}", system.name, job["name"], ids, state, started)
+        table.add_row(name, system.name, job["name"], ids, state, started)
     Console().print(table)
 
 
@@ -76,7 +84,7 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
 
     run_dir, record = _load(run, runs_dir)
     table = Table(title=str(run_dir))
-    if record.launcher == "local":
+    if record.launcher != "slurm":
         table.add_column("pid")
         table.add_column("state")
         table.add_row(str(record.pid), _local_state(record))
@@ -101,7 +109,7 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
 def _log_files(run_dir: Path, record: "RunRecord", stderr: bool) -> list[Path]:
     from flux_cluster.local_runner import LOCAL_LOG
 
-    if record.launcher == "local":
+    if record.launcher != "slurm":
         return [run_dir / "slurm" / LOCAL_LOG]
     from flux_cluster import slurm
 
@@ -142,8 +150,7 @@ def logs(
                     offsets[path] += len(chunk)
         if not follow:
             return
-        states = _states(record)
-        if all(s.split()[0] in slurm.FINAL_STATES for s in states.values()):
+        if all(slurm.is_final(state) for state in _states(record).values()):
             return
         time.sleep(1.0)
         if record.launcher == "local":
@@ -156,13 +163,15 @@ def logs(
 def cancel(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     """Cancel every job of a run (scancel), or stop a local run."""
     run_dir, record = _load(run, runs_dir)
-    if record.launcher == "local":
+    if record.launcher != "slurm":
+        from flux_cluster.local_runner import stop_group
+
         cmdline = Path(f"/proc/{record.pid}/cmdline")
         if record.exit_code is None and cmdline.exists() and str(run_dir) in cmdline.read_text():
-            os.kill(record.pid, signal.SIGTERM)
-            typer.echo(f"stopped local run {run_dir} (pid {record.pid})")
+            stop_group(record.pid)
+            typer.echo(f"stopped local run {run_dir} (process group {record.pid})")
         else:
-            typer.echo(f"local run {run_dir} is not running")
+            typer.echo(f"{record.launcher} run {run_dir} is not running")
         return
     from flux_cluster import slurm
 

@@ -7,7 +7,7 @@ schema default) so ``flux-cluster systems show`` can explain the resolved config
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -22,8 +22,34 @@ from flux_cluster.resources import systems_dir
 SYSTEMS_PATH_ENV = "FLUX_CLUSTER_SYSTEMS"
 """os.pathsep-separated folders of site system configs, searched before the shipped ones."""
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# ${VAR}, ${VAR:-default}, and $$ for a literal '$'.
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _FREE_FORM = {"env"}  # mappings whose keys are user data, not schema fields
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 reads '12:00:00' as the base-60 integer 43200; here such values stay strings (walltimes)."""
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +101,7 @@ def _find_file(name: str, near: Path | None = None) -> Path:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=ConfigLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -83,6 +109,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise FluxClusterError(f"{_display(path)}:{where}: {problem}") from None
     except OSError as exc:
         raise FluxClusterError(f"{_display(path)}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise FluxClusterError(f"{_display(path)}: not UTF-8 text (byte {exc.start})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -153,6 +181,8 @@ def _interpolate(leaves: dict[str, Any], sources: dict[str, str], environ: Mappi
             return value
 
         def replace(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
             name, default = match.group(1), match.group(2)
             used.append(name)
             if name in environ:
@@ -164,7 +194,7 @@ def _interpolate(leaves: dict[str, Any], sources: dict[str, str], environ: Mappi
                 f"(export it, or write ${{{name}:-default}})"
             )
 
-        return _VAR.sub(replace, value).replace("$${", "${")
+        return _VAR.sub(replace, value)
 
     for key in list(leaves):
         used: list[str] = []
@@ -179,7 +209,7 @@ def _parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise FluxClusterError(f"--set {text!r}: expected KEY=VALUE, e.g. --set nodes=4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=ConfigLoader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -199,12 +229,29 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
+def _origin(key: str, sources: Mapping[str, str], file: Path) -> str:
+    """Who set the value at key: itself, else something below it, else its nearest parent, else the file."""
+    children = [sources[k] for k in sources if k.startswith(f"{key}.")]
+    parents = [sources[k] for k in _parents(key) if k in sources]
+    return sources.get(key) or next(iter(children + parents), _display(file))
+
+
+def _value_at(tree: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
+    for part in loc:
+        in_mapping = isinstance(tree, Mapping) and part in tree
+        in_list = isinstance(tree, list) and isinstance(part, int) and part < len(tree)
+        if not (in_mapping or in_list):
+            return False, None
+        tree = tree[part]
+    return True, tree
+
+
 def _explain(
-    error: Mapping[str, Any], leaves: Mapping[str, Any], sources: Mapping[str, str], file: Path
+    error: Mapping[str, Any], tree: Mapping[str, Any], sources: Mapping[str, str], file: Path
 ) -> str:
     loc = tuple(error["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"
-    origin = next((sources[k] for k in (key, *_parents(key)) if k in sources), _display(file))
+    origin = _origin(key, sources, file)
     if error["type"] == "extra_forbidden":
         model = _model_at(loc[:-1])
         options = list(model.model_fields) if model else []
@@ -218,8 +265,8 @@ def _explain(
             message = replacement + message[len(prefix) :]
     if error["type"] == "missing":
         return f"{origin}: {key}: required key is missing"
-    if key in leaves:
-        value = leaves[key]
+    found, value = _value_at(tree, loc)
+    if found and error["type"] != "value_error":
         return f"{origin}: {key}: got {value!r} ({type(value).__name__}), {message}"
     return f"{origin}: {key}: {message}"
 
@@ -230,22 +277,27 @@ def _parents(key: str) -> list[str]:
 
 
 def load_system(
-    name: str, overrides: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None
+    name: str, overrides: Sequence[str | tuple[str, str]] = (), environ: Mapping[str, str] | None = None
 ) -> ResolvedSystem:
-    """Resolve a system by name (or YAML path): extends chain, ${VAR} expansion, --set overrides."""
+    """Resolve a system by name (or YAML path): extends chain, ${VAR} expansion, overrides.
+
+    An override is 'KEY=VALUE' (recorded as coming from --set) or ('KEY=VALUE', 'its origin').
+    """
     environ = os.environ if environ is None else environ
     path = _find_file(name)
     leaves, sources = _load_chain(path)
     _interpolate(leaves, sources, environ)
-    for text in overrides:
+    for override in overrides:
+        text, origin = (override, "--set") if isinstance(override, str) else override
         key, value = _parse_override(text)
-        _merge(leaves, sources, {key: value}, {key: "--set"})
+        _merge(leaves, sources, {key: value}, {key: origin})
     leaves.setdefault("name", path.stem)
     sources.setdefault("name", _display(path))
+    tree = _unflatten(leaves)
     try:
-        config = SystemConfig.model_validate(_unflatten(leaves))
+        config = SystemConfig.model_validate(tree)
     except ValidationError as exc:
-        raise FluxClusterError(_explain(exc.errors()[0], leaves, sources, path)) from None
+        raise FluxClusterError(_explain(exc.errors()[0], tree, sources, path)) from None
     return ResolvedSystem(config=config, sources=sources, file=path)
 
 

@@ -4,6 +4,7 @@ Values that end up in ``#SBATCH`` lines are restricted to characters the shell n
 so a directive cannot be split or extended; every other string is shell-quoted when rendered.
 """
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -11,9 +12,73 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 # Characters shlex.quote leaves alone: safe inside an #SBATCH line without quoting.
 SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-Walltime = Annotated[str, StringConstraints(pattern=r"^(\d+|(\d+-)?\d{1,2}(:\d{2}){1,2})$")]
+UserEnvName = Annotated[EnvName, AfterValidator(lambda v: _check_env_name(v))]
+# A single path component for names that become file names (and #SBATCH values).
+PlainName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+_WALLTIME = re.compile(r"^(\d+|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}){0,2})$")
+
+
+def _check_walltime(value: str) -> str:
+    # 'MM:SS' is refused: '12:00' reads as twelve minutes to Slurm, rarely what was meant.
+    if not _WALLTIME.match(value):
+        raise ValueError("expected minutes, H:MM:SS or D-HH[:MM[:SS]], e.g. 90, 12:00:00 or 1-00:00:00")
+    return value
+
+
+Walltime = Annotated[str, AfterValidator(_check_walltime)]
 MemSize = Annotated[str, StringConstraints(pattern=r"^\d+[KMGT]?$")]
-SbatchDirective = Annotated[str, StringConstraints(pattern=r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_@%+=:,./-]+)?$")]
+# Directives the renderer owns: an extra_sbatch copy would silently break logs, arrays, signals or secrets.
+_OWNED_DIRECTIVES = {
+    "--output",
+    "--error",
+    "--array",
+    "--job-name",
+    "--export",
+    "--signal",
+    "--requeue",
+    "--no-requeue",
+    "--nodes",
+    "--ntasks-per-node",
+    "--time",
+    "--open-mode",
+    "--dependency",
+}
+# Names the job scripts set or bash itself reads: a config must not override them through env.
+_RESERVED_ENV = {
+    "BASH_ENV",
+    "ENV",
+    "IFS",
+    "PS4",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+}
+
+
+def _check_directive(value: str) -> str:
+    if value.split("=", 1)[0] in _OWNED_DIRECTIVES:
+        raise ValueError(
+            f"{value.split('=', 1)[0]} is set by flux-cluster itself; use the matching config key"
+        )
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if value in _RESERVED_ENV or value.startswith(("SLURM_", "FLUX_")):
+        raise ValueError(f"{value} is set by the job script or read by bash; it cannot come from the config")
+    return value
+
+
+SbatchDirective = Annotated[
+    str,
+    StringConstraints(pattern=r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_@%+=:,./-]+)?$"),
+    AfterValidator(_check_directive),
+]
 
 
 def _check_mount(value: str) -> str:
@@ -54,7 +119,7 @@ class SlurmConfig(_Section):
     """Memory per CPU core (sbatch --mem-per-cpu), an alternative to mem."""
     requeue: bool = True
     """Let the job requeue itself after it checkpointed on the time-limit signal."""
-    signal_lead_s: int = Field(default=300, ge=10)
+    signal_lead_s: int = Field(default=300, ge=10, le=65535)
     """Seconds before the time limit at which Slurm sends SIGUSR1 (sbatch --signal=USR1@lead)."""
     extra_sbatch: list[SbatchDirective] = []
     """Additional sbatch directives, e.g. '--reservation=mlperf' or '--constraint=gb200'."""
@@ -78,7 +143,7 @@ class ContainerConfig(_Section):
     """Extra bind mounts 'SRC:DST[:OPTS]'. The data root and the run directory are mounted automatically."""
     workdir: str = "/workspace/flux-cluster"
     """Working directory inside the container."""
-    name: SafeToken = "flux-cluster"
+    name: PlainName = "flux-cluster"
     """Container name prefix; the job id is appended, so Pyxis reuses one container across the job's steps."""
     run_args: list[str] = []
     """Extra 'docker/podman run' arguments, e.g. '--shm-size=64g' (ignored by pyxis)."""
@@ -126,7 +191,11 @@ class MlperfConfig(_Section):
 
 
 class SystemConfig(_Section):
-    name: SafeToken
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, coerce_numbers_to_str=True
+    )
+
+    name: PlainName
     """System name (the config file's name)."""
     description: str = ""
     """One line shown by 'flux-cluster systems list'."""
@@ -154,9 +223,9 @@ class SystemConfig(_Section):
     """Container runtime, image and mounts."""
     paths: PathsConfig = PathsConfig()
     """Data and log roots."""
-    env: dict[EnvName, str] = {}
+    env: dict[UserEnvName, str] = {}
     """Environment for every rank (NCCL/RCCL tuning, site settings). Values are shell-quoted."""
-    secrets: list[EnvName] = []
+    secrets: list[UserEnvName] = []
     """Names of secret variables (e.g. HF_TOKEN) passed from the submitting environment by name only."""
     mlperf: MlperfConfig = MlperfConfig()
     """MLPerf conventions: repeats, seeds, cache clearing, compliance."""
@@ -173,7 +242,3 @@ class SystemConfig(_Section):
         if clash:
             raise ValueError(f"{sorted(clash)} are secrets and cannot also have values in env")
         return self
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node

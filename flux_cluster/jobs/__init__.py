@@ -33,6 +33,3 @@ JOBS: dict[str, JobKind] = {
 
 PREFLIGHT_MINUTES = 10
 """Walltime budget of one preflight repeat, soak time added on top."""
-
-REQUEUE_EXIT_CODE = 75
-"""A rank exits with this (EX_TEMPFAIL) after it checkpointed on SIGUSR1: the job script requeues the job."""

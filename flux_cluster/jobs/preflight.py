@@ -1,6 +1,6 @@
 """Preflight job, run on every rank: versions, accelerators, an all_reduce check with its bandwidth,
 and the data and log roots. ``--soak-seconds`` keeps the interconnect busy and reports stability; it
-checkpoints its progress on SIGUSR1 and exits with REQUEUE_EXIT_CODE so the job script requeues it.
+saves its progress on SIGUSR1 and asks the job script to requeue it (flux_cluster/jobs/signals.py).
 
 Launched by ``flux-cluster preflight`` (and with ``--comm-only`` before training when comm_test is on).
 """
@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -22,15 +21,8 @@ import torch.distributed as dist
 
 from flux_cluster.atomic import write_atomic
 from flux_cluster.dist import DistInfo, init_distributed
-from flux_cluster.jobs import REQUEUE_EXIT_CODE
+from flux_cluster.jobs.signals import StopRequest, finish_interrupted
 from flux_cluster.rundir import read_run_config
-
-_stop_requested = False
-
-
-def _request_stop(signum: int, frame: object) -> None:
-    global _stop_requested
-    _stop_requested = True
 
 
 def accelerator_report() -> dict[str, Any]:
@@ -105,22 +97,27 @@ def check_directory(path: str | None, writable: bool) -> dict[str, Any]:
     return {"path": path, "ok": True, "detail": f"{entries} entries, {free_gb:.1f} GB free"}
 
 
-def soak(info: DistInfo, size_bytes: int, seconds: float, state_file: Path) -> tuple[dict[str, Any], bool]:
+def soak(
+    info: DistInfo, size_bytes: int, seconds: float, state_file: Path, stop: StopRequest
+) -> tuple[dict[str, Any], bool]:
     """All-reduce for `seconds` in total across restarts. Returns (stats, interrupted)."""
     done = json.loads(state_file.read_text())["elapsed"] if state_file.is_file() else 0.0
     if done and info.rank == 0:
         print(f"preflight: resuming the soak after a requeue at {done:.1f} of {seconds:.0f} s", flush=True)
     samples: list[float] = []
-    stop = torch.zeros(1, device=info.device)
+    decision = torch.zeros(2, device=info.device)  # [signal received, time is up] on any rank
     start = time.monotonic() - done
-    while time.monotonic() - start < seconds:
+    while True:
         samples.append(measure_all_reduce(info, size_bytes, iterations=1, warmup=0)["busbw_gbps"])
-        stop.fill_(1.0 if _stop_requested else 0.0)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank leaves the loop at the same iteration
-        if stop.item():
+        decision[0] = 1.0 if stop.requested else 0.0
+        decision[1] = 1.0 if time.monotonic() - start >= seconds else 0.0
+        dist.all_reduce(decision, op=dist.ReduceOp.MAX)  # every rank leaves at the same iteration
+        if decision[0].item():
             if info.rank == 0:
                 write_atomic(state_file, json.dumps({"elapsed": time.monotonic() - start}))
             return {"iterations": len(samples)}, True
+        if decision[1].item():
+            break
     samples.sort()
     stats = {
         "seconds": seconds,
@@ -183,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     system, _job = read_run_config(args.config)
-    signal.signal(signal.SIGUSR1, _request_stop)
+    stop = StopRequest().install()
     info = init_distributed(system.dist_backend)
     run_dir = Path(os.environ.get("FLUX_RUN_DIR", args.config.parent))
     exp = os.environ.get("FLUX_EXP_INDEX", "0")
@@ -214,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     soak_stats: dict[str, Any] | None = None
     if args.soak_seconds > 0:
         state_file = run_dir / "state" / f"preflight_soak_{exp}.json"
-        soak_stats, interrupted = soak(info, sizes[-1], args.soak_seconds, state_file)
+        soak_stats, interrupted = soak(info, sizes[-1], args.soak_seconds, state_file, stop)
         if interrupted:
             if info.rank == 0:
                 print("preflight: SIGUSR1 received, soak progress saved; exiting for requeue", flush=True)
+            dist.barrier()  # progress is saved before anyone asks for the requeue
             dist.destroy_process_group()
-            return REQUEUE_EXIT_CODE
+            return finish_interrupted(info.rank)
 
     reports: list[Any] = [None] * info.world_size
     dist.all_gather_object(reports, report)

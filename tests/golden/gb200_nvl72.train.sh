@@ -63,9 +63,16 @@ end_experiment() {
 
 # ---- rendezvous: srun puts rank 0 (SLURM_PROCID 0) on the allocation's first node, which hosts the store.
 HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_ADDR=$(sinfo --noheader --Node --nodes="$HEAD_NODE" --format=%o | head -n 1)
-export MASTER_ADDR=${MASTER_ADDR:-$HEAD_NODE}
+MASTER_ADDR=$(sinfo --noheader --Node --nodes="$HEAD_NODE" --format=%o | head -n 1) || MASTER_ADDR=""
+if [[ -z "$MASTER_ADDR" ]]; then
+    log "warning: no node address from sinfo; using the node name ${HEAD_NODE}"
+    MASTER_ADDR=$HEAD_NODE
+fi
+export MASTER_ADDR
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+# A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/jobs/signals.py); we then requeue.
+export FLUX_REQUEUE_MARKER="$RUN_DIR/state/requeue-${SLURM_JOB_ID}"
+rm -f "$FLUX_REQUEUE_MARKER"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$RUN_DIR/state/hostfile.${SLURM_JOB_ID}"
 log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, restart ${SLURM_RESTART_COUNT:-0}"
 
@@ -111,12 +118,19 @@ run_experiment() {
         log "warning: could not drop the page cache (needs passwordless sudo on the nodes)"
     fi
     log "all_reduce bandwidth test across all ranks"
-    on_ranks python -m flux_cluster.jobs.preflight --config "$CONFIG" --comm-only
+    if ! on_ranks python -m flux_cluster.jobs.preflight --config "$CONFIG" --comm-only; then
+        log "error: the all_reduce test failed: not starting experiment ${FLUX_EXP_INDEX}"
+        return 1
+    fi
     on_ranks python -m flux_cluster.train --config "$CONFIG" &
     wait_step $! || rc=$?
-    if (( rc == 75 )); then
+    if [[ -e "$FLUX_REQUEUE_MARKER" ]]; then
+        rm -f "$FLUX_REQUEUE_MARKER"
         log "the ranks checkpointed after SIGUSR1: requeueing job ${SLURM_JOB_ID}"
-        scontrol requeue "$SLURM_JOB_ID"
+        if ! scontrol requeue "$SLURM_JOB_ID"; then
+            log "error: scontrol requeue failed; resubmit the run to resume from its checkpoint"
+            exit 1
+        fi
         exit 0
     fi
     (( rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${rc}"; return "$rc"; }

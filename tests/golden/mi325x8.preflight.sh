@@ -16,7 +16,7 @@
 # flux-cluster 0.1.0: the preflight job on system mi325x8, rendered from
 # slurm/templates/sbatch.sh.j2. Change the system config (or use --set) and render again rather than
 # editing this file. Launch: one srun task per GPU (NVIDIA's run.sub convention), so Slurm places every
-# rank and delivers the time-limit signal to each one directly.
+# rank; the time-limit signal reaches this shell, which relays it to the ranks in the containers.
 # shellcheck disable=SC2317  # not every job calls every helper function below
 set -euo pipefail
 # ---- run settings (rendered by flux-cluster; every value is shell-quoted)
@@ -62,9 +62,16 @@ end_experiment() {
 
 # ---- rendezvous: srun puts rank 0 (SLURM_PROCID 0) on the allocation's first node, which hosts the store.
 HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_ADDR=$(sinfo --noheader --Node --nodes="$HEAD_NODE" --format=%o | head -n 1)
-export MASTER_ADDR=${MASTER_ADDR:-$HEAD_NODE}
+MASTER_ADDR=$(sinfo --noheader --Node --nodes="$HEAD_NODE" --format=%o | head -n 1) || MASTER_ADDR=""
+if [[ -z "$MASTER_ADDR" ]]; then
+    log "warning: no node address from sinfo; using the node name ${HEAD_NODE}"
+    MASTER_ADDR=$HEAD_NODE
+fi
+export MASTER_ADDR
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+# A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/jobs/signals.py); we then requeue.
+export FLUX_REQUEUE_MARKER="$RUN_DIR/state/requeue-${SLURM_JOB_ID}"
+rm -f "$FLUX_REQUEUE_MARKER"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$RUN_DIR/state/hostfile.${SLURM_JOB_ID}"
 log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, restart ${SLURM_RESTART_COUNT:-0}"
 
@@ -72,14 +79,18 @@ log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_
 # all inside the container; on_hosts runs one task per node outside it.
 on_hosts() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
 RUNTIME=docker
-CONTAINER_NAME=flux-cluster-"$SLURM_JOB_ID"
+# A requeued job keeps its id: the restart count keeps a leftover container from blocking the name.
+CONTAINER_NAME=flux-cluster-"$SLURM_JOB_ID"-"${SLURM_RESTART_COUNT:-0}"
+# Ranks register their PIDs here (inside the container) so a signal can be relayed to them alone.
+export FLUX_PID_DIR=/tmp/flux-cluster-ranks
 CONTAINER_IMAGE=flux-cluster:amd
 # Variables reach 'exec' by name only; docker/podman take their values from the srun task's environment.
-EXEC_ENV=(--env=SLURM_JOB_ID --env=SLURM_PROCID --env=SLURM_LOCALID --env=SLURM_NODEID --env=SLURM_NTASKS --env=SLURM_NTASKS_PER_NODE --env=SLURM_JOB_NUM_NODES --env=SLURM_RESTART_COUNT --env=SLURM_ARRAY_TASK_ID --env=MASTER_ADDR --env=MASTER_PORT --env=FLUX_RUN_DIR --env=FLUX_EXP_INDEX --env=FLUX_SEED --env=FLUX_RESULT_LOG --env=FLUX_CACHE_CLEARED --env=FLUX_DATA_DIR --env=NCCL_DEBUG --env=TORCH_NCCL_HIGH_PRIORITY --env=HSA_FORCE_FINE_GRAIN_PCIE --env=HIP_FORCE_DEV_KERNARG --env=GPU_MAX_HW_QUEUES --env=NCCL_MIN_NCHANNELS --env=HF_TOKEN )
+EXEC_ENV=(--env=SLURM_JOB_ID --env=SLURM_PROCID --env=SLURM_LOCALID --env=SLURM_NODEID --env=SLURM_NTASKS --env=SLURM_NTASKS_PER_NODE --env=SLURM_JOB_NUM_NODES --env=SLURM_RESTART_COUNT --env=SLURM_ARRAY_TASK_ID --env=MASTER_ADDR --env=MASTER_PORT --env=FLUX_RUN_DIR --env=FLUX_EXP_INDEX --env=FLUX_SEED --env=FLUX_RESULT_LOG --env=FLUX_CACHE_CLEARED --env=FLUX_DATA_DIR --env=FLUX_REQUEUE_MARKER --env=FLUX_PID_DIR --env=NCCL_DEBUG --env=TORCH_NCCL_HIGH_PRIORITY --env=HSA_FORCE_FINE_GRAIN_PCIE --env=HIP_FORCE_DEV_KERNARG --env=GPU_MAX_HW_QUEUES --env=NCCL_MIN_NCHANNELS --env=HF_TOKEN )
 stop_containers() { on_hosts "$RUNTIME" rm --force "$CONTAINER_NAME" >/dev/null 2>&1 || true; }
 trap stop_containers EXIT
 # One long-lived container per node; ranks are started in it with 'exec'.
 log "starting ${CONTAINER_IMAGE} as ${CONTAINER_NAME} on every node"
+on_hosts "$RUNTIME" rm --force "$CONTAINER_NAME" >/dev/null 2>&1 || true
 on_hosts "$RUNTIME" run --detach --rm --name="$CONTAINER_NAME" \
     --device=/dev/kfd --device=/dev/dri \
     --ipc=host --network=host --ulimit=memlock=-1 --ulimit=stack=67108864 \
@@ -93,10 +104,11 @@ on_hosts "$RUNTIME" run --detach --rm --name="$CONTAINER_NAME" \
 on_ranks() { srun --ntasks-per-node=8 --kill-on-bad-exit=1 "$RUNTIME" exec "${EXEC_ENV[@]}" "$CONTAINER_NAME" "$@"; }
 on_nodes() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$RUNTIME" exec "${EXEC_ENV[@]}" "$CONTAINER_NAME" "$@"; }
 on_one() { srun --ntasks=1 --nodes=1 "$RUNTIME" exec "${EXEC_ENV[@]}" "$CONTAINER_NAME" "$@"; }
-# Slurm signals this batch shell (--signal=B:USR1): relay it to every process in the containers.
+# Slurm signals this batch shell (--signal=B:USR1): relay it to the registered ranks in every container.
 relay_signal() {
     log "SIGUSR1: relaying it to the ranks"
-    srun --overlap --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$RUNTIME" exec "$CONTAINER_NAME" kill -USR1 -1 || true
+    srun --overlap --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$RUNTIME" exec --env=FLUX_PID_DIR \
+        "$CONTAINER_NAME" python -m flux_cluster.jobs.signals relay || log "warning: the relay failed"
 }
 trap relay_signal USR1
 
@@ -120,9 +132,13 @@ run_experiment() {
     begin_experiment "$1"
     on_ranks python -m flux_cluster.jobs.preflight --config "$CONFIG" &
     wait_step $! || rc=$?
-    if (( rc == 75 )); then
+    if [[ -e "$FLUX_REQUEUE_MARKER" ]]; then
+        rm -f "$FLUX_REQUEUE_MARKER"
         log "the ranks checkpointed after SIGUSR1: requeueing job ${SLURM_JOB_ID}"
-        scontrol requeue "$SLURM_JOB_ID"
+        if ! scontrol requeue "$SLURM_JOB_ID"; then
+            log "error: scontrol requeue failed; resubmit the run to resume from its checkpoint"
+            exit 1
+        fi
         exit 0
     fi
     (( rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${rc}"; return "$rc"; }

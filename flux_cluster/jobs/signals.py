@@ -1,0 +1,68 @@
+"""The checkpoint-and-requeue protocol between the ranks and the job script (no torch here).
+
+Slurm sends SIGUSR1 ``signal_lead_s`` before the time limit. Every rank sets a flag; the job agrees
+collectively to stop, checkpoints, and rank 0 writes the marker file named by $FLUX_REQUEUE_MARKER.
+All ranks then exit 0 (a non-zero exit would make ``srun --kill-on-bad-exit`` kill the slower ranks
+mid-checkpoint); the job script sees the marker and runs ``scontrol requeue``.
+
+In docker/podman containers 'exec' forwards no signals, so the batch shell receives SIGUSR1 and runs
+``python -m flux_cluster.jobs.signals relay`` in each container, which signals exactly the ranks that
+registered their PID (DataLoader workers and other helpers are left alone).
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from flux_cluster.atomic import write_atomic
+
+MARKER_ENV = "FLUX_REQUEUE_MARKER"
+PID_DIR_ENV = "FLUX_PID_DIR"
+INTERRUPTED_EXIT_CODE = 75
+"""Exit code of an interrupted run outside Slurm, where nothing requeues it (EX_TEMPFAIL)."""
+
+
+class StopRequest:
+    """Set by SIGUSR1; the job polls ``requested`` at points where all ranks can agree to stop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def install(self) -> "StopRequest":
+        signal.signal(signal.SIGUSR1, self._handle)
+        pid_dir = os.environ.get(PID_DIR_ENV)
+        if pid_dir:
+            write_atomic(Path(pid_dir) / f"{os.getpid()}.pid", f"{os.getpid()}\n")
+        return self
+
+
+def finish_interrupted(rank: int) -> int:
+    """After the checkpoint: ask the job script to requeue (rank 0) and return this rank's exit code."""
+    marker = os.environ.get(MARKER_ENV)
+    if marker is None:
+        return INTERRUPTED_EXIT_CODE
+    if rank == 0:
+        write_atomic(Path(marker), f"{os.environ.get('SLURM_JOB_ID', '')}\n")
+    return 0
+
+
+def relay(pid_dir: Path) -> int:
+    """Send SIGUSR1 to every registered rank in this container; returns how many were signalled."""
+    sent = 0
+    for pid_file in sorted(pid_dir.glob("*.pid")):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGUSR1)
+            sent += 1
+        except (ValueError, ProcessLookupError):
+            pid_file.unlink(missing_ok=True)  # a rank that already exited
+    return sent
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["relay"] or PID_DIR_ENV not in os.environ:
+        sys.exit(f"usage: {PID_DIR_ENV}=DIR python -m flux_cluster.jobs.signals relay")
+    print(f"signalled {relay(Path(os.environ[PID_DIR_ENV]))} rank(s)")

@@ -1,0 +1,89 @@
+"""The job script's own logic, executed by bash with recording stand-ins for srun/scontrol/docker:
+failures stop the job, the requeue marker leads to 'scontrol requeue', docker relays the signal."""
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import stand_ins
+
+from flux_cluster.config import load_system
+
+
+@pytest.fixture
+def bin_dir(tmp_path: Path) -> Path:
+    stand_ins.install(tmp_path / "bin")
+    return tmp_path / "bin"
+
+
+def case_dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
+def test_a_failing_comm_test_stops_serial_repeats(tmp_path: Path, bin_dir: Path) -> None:
+    config = load_system("dgx_h100x8", ["mlperf.nexp=3", "mlperf.clear_caches=false"], environ={}).config
+    case = case_dir(tmp_path, "serial")
+    script = stand_ins.render_case(config, case)
+    code, output = stand_ins.run(script, bin_dir, rules=[{"match": "--comm-only", "exit": 1}])
+    assert code != 0, output
+    assert "the all_reduce test failed" in output
+    assert not list((case / "run" / "state").glob("exp_*.done"))
+    assert not any("flux_cluster.train" in " ".join(c["argv"]) for c in stand_ins.calls(case))
+
+
+def test_a_failing_training_step_fails_the_array_task(tmp_path: Path, bin_dir: Path) -> None:
+    config = load_system("mi300x8", ["mlperf.nexp=4"], environ={}).config
+    case = case_dir(tmp_path, "array")
+    script = stand_ins.render_case(config, case)
+    code, output = stand_ins.run(
+        script, bin_dir, rules=[{"match": "flux_cluster.train", "exit": 3}], array_task="2"
+    )
+    assert code == 3 and "failed with exit code 3" in output
+    ok, _ = stand_ins.run(script, bin_dir, array_task="2")
+    assert ok == 0 and (case / "run" / "state" / "exp_2.done").exists()
+
+
+@pytest.mark.parametrize("requeue_works", [True, False])
+def test_requeue_marker_makes_the_script_requeue(tmp_path: Path, bin_dir: Path, requeue_works: bool) -> None:
+    config = load_system("local_slurm", ["mlperf.nexp=2", "mlperf.nexp_mode=serial"], environ={}).config
+    case = case_dir(tmp_path, "requeue")
+    script = stand_ins.render_case(config, case)
+    marker = case / "run" / "state" / "requeue-42"
+    rules = [{"match": "flux_cluster.train", "touch": str(marker)}]  # what rank 0 does after a checkpoint
+    if not requeue_works:
+        rules.insert(0, {"match": "scontrol requeue", "exit": 1})
+    code, output = stand_ins.run(script, bin_dir, rules=rules)
+    requeues = [c["argv"] for c in stand_ins.calls(case) if c["argv"][:2] == ["scontrol", "requeue"]]
+    assert requeues == [["scontrol", "requeue", "42"]]
+    assert not marker.exists(), "the marker is consumed, so the restarted job does not requeue again"
+    assert not (case / "run" / "state" / "exp_0.done").exists()
+    trains = [c for c in stand_ins.calls(case) if "flux_cluster.train" in " ".join(c["argv"])]
+    assert len(trains) == 1, "no further repeat starts in an allocation that is being requeued"
+    if requeue_works:
+        assert code == 0
+    else:
+        assert code == 1 and "scontrol requeue failed" in output
+
+
+def test_docker_relays_the_batch_signal_into_the_containers(tmp_path: Path, bin_dir: Path) -> None:
+    config = load_system(
+        "mi300x8", ["mlperf.comm_test=false", "mlperf.check_compliance=false"], environ={}
+    ).config
+    case = case_dir(tmp_path, "relay")
+    script = stand_ins.render_case(config, case)
+    process = stand_ins.start(script, bin_dir, rules=[{"match": "flux_cluster.train", "sleep": 4}])
+    deadline = time.monotonic() + 20
+    while not any("flux_cluster.train" in " ".join(c["argv"]) for c in stand_ins.calls(case)):
+        assert time.monotonic() < deadline, "the training step never started"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGUSR1)  # what Slurm does with --signal=B:USR1@lead
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    relays = [c["argv"] for c in stand_ins.calls(case) if c["argv"][-1] == "relay"]
+    assert relays and relays[0][:2] == ["srun", "--overlap"]
+    assert "--env=FLUX_PID_DIR" in relays[0] and "flux_cluster.jobs.signals" in relays[0]
+    removed = [c["argv"] for c in stand_ins.calls(case) if "rm" in c["argv"] and "--force" in c["argv"]]
+    assert len(removed) == 2, "a stale container is removed before the start, and ours at the end"
