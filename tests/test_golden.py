@@ -103,3 +103,13 @@ def test_amd_script_runs_one_container_per_node() -> None:
         assert needle in text, needle
     # One repeat per array task: 5 + 1 * (900 + 5) minutes.
     assert "#SBATCH --time=15:10:00" in text
+
+
+@pytest.mark.parametrize("script", ["tools/dev.sh", ".ci/run", "slurm/local-cluster.sh"])
+def test_repository_shell_scripts_pass_shellcheck(script: str) -> None:
+    path = Path(__file__).resolve().parent.parent / script
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (tools/dev.sh test installs it as root)")
+    result = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
