@@ -31,15 +31,11 @@ def runs_root(cli_value: Path | None, system: SystemConfig | None = None) -> Pat
     return Path("runs")
 
 
-def run_dir_name(system_name: str, attempt: int = 1) -> str:
-    suffix = "" if attempt == 1 else f"-{attempt}"
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{system_name}{suffix}"
-
-
 def create_run_dir(root: Path, experiment: str, system_name: str) -> Path:
     parent = (root / experiment).absolute()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1, 1000):
-        path = parent / run_dir_name(system_name, attempt)
+        path = parent / (f"{stamp}-{system_name}" + ("" if attempt == 1 else f"-{attempt}"))
         try:
             path.mkdir(parents=True)
         except FileExistsError:

@@ -5,13 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from flux_cluster.cli import app
 from flux_cluster.rundir import RunRecord, list_runs
 
 
-def error_line(result) -> str:  # type: ignore[no-untyped-def]
+def error_line(result: Result) -> str:
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()

@@ -5,6 +5,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from flux_cluster.jobs.signals import INTERRUPTED_EXIT_CODE, finish_interrupted, relay
 
 RANK = """
@@ -40,7 +42,9 @@ def test_relay_signals_exactly_the_registered_ranks(tmp_path: Path) -> None:
     bystander.kill()
 
 
-def test_finish_interrupted_writes_the_marker_on_rank_zero_only(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_finish_interrupted_writes_the_marker_on_rank_zero_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = tmp_path / "requeue-42"
     monkeypatch.setenv("FLUX_REQUEUE_MARKER", str(marker))
     monkeypatch.setenv("SLURM_JOB_ID", "42")

@@ -58,7 +58,6 @@ WaitOption = Annotated[
 # Run paths go into #SBATCH lines (sbatch neither unquotes them nor leaves '%' alone) and into
 # bind-mount specs (',' and ':' separate entries there): keep them to these characters.
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_@+=./-]+$")
-_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -137,6 +136,7 @@ def preflight(
 
 def launch(request: LaunchRequest) -> int:
     from flux_cluster.config import load_system
+    from flux_cluster.config.schema import PLAIN_NAME_PATTERN
     from flux_cluster.plan import make_plan
     from flux_cluster.render import render_script
     from flux_cluster.rundir import create_run_dir, runs_root
@@ -154,7 +154,7 @@ def launch(request: LaunchRequest) -> int:
             update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
         )
     experiment = request.experiment or ("flux1" if request.job == "train" else request.job)
-    if not _PLAIN_NAME.match(experiment):
+    if not re.match(PLAIN_NAME_PATTERN, experiment):
         raise FluxClusterError(f"--experiment {experiment!r}: one name of letters, digits and _.- (no '/')")
     root = runs_root(request.runs_dir, config).absolute()
     if config.launcher == "slurm" and not _SAFE_PATH.match(str(root)):

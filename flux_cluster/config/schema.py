@@ -14,7 +14,8 @@ SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$"
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 UserEnvName = Annotated[EnvName, AfterValidator(lambda v: _check_env_name(v))]
 # A single path component for names that become file names (and #SBATCH values).
-PlainName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+PLAIN_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+PlainName = Annotated[str, StringConstraints(pattern=PLAIN_NAME_PATTERN)]
 _WALLTIME = re.compile(r"^(\d+|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}){0,2})$")
 
 
