@@ -1,1 +1,1 @@
-"""Data preparation (cc12m/coco -> Megatron-Energon webdatasets); arrives with the prepare-data issue."""
+"""Data preparation: MLCommons cc12m/coco preprocessed data -> Energon webdatasets, and their loader."""

@@ -103,10 +103,13 @@ class JobPlan:
 
     @property
     def mounts(self) -> list[str]:
-        """Bind mounts: the data root read-only, the run directory at the same path, then the config's."""
-        mounts = []
-        if self.system.paths.data_root:
-            mounts.append(f"{self.system.paths.data_root}:{self.system.paths.data_mount}:ro")
+        """Bind mounts: the data root (read-only but for data jobs, which also get the source root), the run
+        directory at the same path, then the config's."""
+        paths, mounts = self.system.paths, []
+        if paths.data_root:
+            mounts.append(f"{paths.data_root}:{paths.data_mount}" + ("" if self.job.writes_data else ":ro"))
+        if self.job.writes_data and paths.source_root:
+            mounts.append(f"{paths.source_root}:{paths.source_mount}")
         mounts.append(f"{self.run_dir}:{self.run_dir}")
         return [*mounts, *self.system.container.mounts]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flux_cluster.config import known_systems, load_system
+from flux_cluster.data_jobs import data_job_plan
 from flux_cluster.plan import make_plan
 from flux_cluster.render import render_script
 
@@ -18,13 +19,18 @@ CASES = [(name, job, 1) for name in known_systems() for job in ("train", "prefli
     ("dgx_h100x8", "train", 10),  # NVIDIA style: 10 repeats in one allocation
     ("mi300x8", "train", 10),  # array of 10
 ]
+# prepare-data's conversion array on every Slurm system (the 'local' system runs stages in-process).
+CASES += [(name, "data-convert", 1) for name in known_systems() if name != "local"]
 
 
 def render_case(system: str, job: str, nexp: int) -> str:
     overrides = [f"mlperf.nexp={nexp}", "mlperf.seed_base=1234"]
     config = load_system(system, overrides, environ={}).config
     run_dir = Path(f"/runs/{job}/20260101-000000-{system}")
-    plan = make_plan(config, job, run_dir, job, 1234)
+    if job.startswith("data-"):
+        plan = data_job_plan(config, job.removeprefix("data-"), run_dir, "prepare-data", "afterok:1000")
+    else:
+        plan = make_plan(config, job, run_dir, job, 1234)
     plan = type(plan)(**{**plan.__dict__, "python_fallback": "python3"})
     return render_script(plan)
 
@@ -103,6 +109,21 @@ def test_amd_script_runs_one_container_per_node() -> None:
         assert needle in text, needle
     # One repeat per array task: 5 + 1 * (900 + 5) minutes.
     assert "#SBATCH --time=15:10:00" in text
+
+
+def test_data_convert_job_is_an_array_with_writable_mounts() -> None:
+    text = render_case("dgx_h100x8", "data-convert", 1)
+    for needle in (
+        "#SBATCH --array=0-7",
+        "#SBATCH --dependency=afterok:1000",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --no-requeue",
+        '-m data_prep.job --config "$CONFIG" --stage convert',
+        "/lustre/mlperf/flux1/energon:/data,/lustre/mlperf/flux1/download:/source,",
+    ):
+        assert needle in text, needle
+    for absent in ("--gpus-per-node", "compliance_checker", "--comm-only", "drop_caches", "--exclusive"):
+        assert absent not in text, absent
 
 
 @pytest.mark.parametrize("script", ["tools/dev.sh", ".ci/run", "slurm/local-cluster.sh"])

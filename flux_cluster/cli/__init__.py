@@ -6,7 +6,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from flux_cluster.cli import launch, runs, systems
+from flux_cluster.cli import data, launch, runs, systems
 from flux_cluster.errors import FluxClusterError
 
 
@@ -35,8 +35,10 @@ app = typer.Typer(
 )
 app.add_typer(systems.app, name="systems")
 app.add_typer(runs.app, name="runs")
+app.add_typer(data.app, name="data")
 app.command()(launch.submit)
 app.command()(launch.preflight)
+app.command(name="prepare-data")(data.prepare_data)
 app.command()(runs.status)
 app.command()(runs.logs)
 app.command()(runs.cancel)

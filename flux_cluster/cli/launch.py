@@ -157,11 +157,8 @@ def launch(request: LaunchRequest) -> int:
     if not re.match(PLAIN_NAME_PATTERN, experiment):
         raise FluxClusterError(f"--experiment {experiment!r}: one name of letters, digits and _.- (no '/')")
     root = runs_root(request.runs_dir, config).absolute()
-    if config.launcher == "slurm" and not _SAFE_PATH.match(str(root)):
-        raise FluxClusterError(
-            f"runs directory {root}: Slurm needs a path of letters, digits and _@+=./- only (no spaces); "
-            "choose another with --runs-dir"
-        )
+    if config.launcher == "slurm":
+        check_slurm_path(root)
     if not request.dry_run:
         _check_job_available(request.job)
 
@@ -177,7 +174,7 @@ def launch(request: LaunchRequest) -> int:
         request.extra_minutes,
     )
     script = render_script(plan)
-    _prepare(plan, script)
+    prepare_run_dir(plan, script)
     if request.dry_run:
         from flux_cluster.rundir import RunRecord
 
@@ -188,6 +185,14 @@ def launch(request: LaunchRequest) -> int:
     if config.launcher == "local":
         return _run_here(plan)
     return _submit(plan, script, request.wait)
+
+
+def check_slurm_path(path: Path) -> None:
+    if not _SAFE_PATH.match(str(path)):
+        raise FluxClusterError(
+            f"{path}: Slurm jobs need paths of letters, digits and _@+=./- only (no spaces); "
+            "choose another (--runs-dir, --input, --output)"
+        )
 
 
 def _check_job_available(job: str) -> None:
@@ -201,7 +206,7 @@ def _check_job_available(job: str) -> None:
         )
 
 
-def _prepare(plan: "JobPlan", script: str) -> None:
+def prepare_run_dir(plan: "JobPlan", script: str) -> None:
     """The run directory: resolved config (read by every rank), the script, the Slurm log folder."""
     from flux_cluster.atomic import write_atomic
     from flux_cluster.rundir import SCRIPT_FILE, write_run_config

@@ -166,6 +166,24 @@ class PathsConfig(_Section):
     """Where the data root appears inside the container."""
     log_root: str | None = None
     """Default parent of run directories on this system (a shared file system on clusters)."""
+    source_root: MountablePath = None
+    """Host path of the MLCommons preprocessed download (cc12m_preprocessed/, coco_preprocessed/,
+    empty_encodings/): the input of 'flux-cluster prepare-data'."""
+    source_mount: MountablePath = "/source"
+    """Where the source root appears inside the container during data preparation."""
+
+
+class DataPrepConfig(_Section):
+    shard_size: int = Field(default=10_000, ge=1)
+    """Samples per output shard (NVIDIA's layout: 10,000, about 21.7 GB per train shard)."""
+    tasks: int = Field(default=8, ge=1, le=1000)
+    """Slurm array tasks that share the conversion, each taking a contiguous range of shards."""
+    workers: int = Field(default=8, ge=1, le=512)
+    """Processes per task (one shard each at a time); also the task's --cpus-per-task."""
+    partition: SafeToken | None = None
+    """Partition for data jobs (often a CPU partition); None uses slurm.partition."""
+    walltime: Walltime = "04:00:00"
+    """Time limit of each data job."""
 
 
 class MlperfConfig(_Section):
@@ -230,6 +248,8 @@ class SystemConfig(_Section):
     """Names of secret variables (e.g. HF_TOKEN) passed from the submitting environment by name only."""
     mlperf: MlperfConfig = MlperfConfig()
     """MLPerf conventions: repeats, seeds, cache clearing, compliance."""
+    data_prep: DataPrepConfig = DataPrepConfig()
+    """How 'flux-cluster prepare-data' splits its work into Slurm jobs."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "SystemConfig":

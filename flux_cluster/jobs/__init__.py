@@ -12,6 +12,8 @@ class JobKind:
     writes_mlperf_log: bool
     run_minutes_from_system: bool
     """True: walltime comes from the system's mlperf.run_minutes; False: the job is short (minutes)."""
+    writes_data: bool = False
+    """Data preparation: the data root is mounted read-write and the download (source) root too."""
 
 
 JOBS: dict[str, JobKind] = {
@@ -30,6 +32,21 @@ JOBS: dict[str, JobKind] = {
         run_minutes_from_system=False,
     ),
 }
+
+DATA_STAGES = ("download", "convert", "index", "verify")
+
+
+def data_job(stage: str) -> JobKind:
+    """The Slurm job of one prepare-data stage (see flux_cluster/data_jobs.py)."""
+    return JobKind(
+        name=f"data-{stage}",
+        module="data_prep.job",
+        description=f"prepare-data: the {stage} stage",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+        writes_data=True,
+    )
+
 
 PREFLIGHT_MINUTES = 10
 """Walltime budget of one preflight repeat, soak time added on top."""

@@ -1,0 +1,81 @@
+"""data info: what a folder holds, an Energon root or a preprocessed download, without reading the shards."""
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from data_prep.convert import ConversionPlan
+from data_prep.format import EMPTY_DIR, EMPTY_FILES, SOURCE_DIRS, SPLITS
+from data_prep.index import NV_META, is_indexed
+from data_prep.shards import ShardRecord
+from flux_cluster.errors import FluxClusterError
+
+
+def describe(root: Path, console: Console) -> None:
+    if not root.is_dir():
+        raise FluxClusterError(f"{root}: no such directory")
+    if any((root / split).is_dir() for split in SPLITS):
+        _describe_energon(root, console)
+    elif any((root / name).is_dir() for name in SOURCE_DIRS.values()):
+        _describe_source(root, console)
+    else:
+        raise FluxClusterError(
+            f"{root}: neither an Energon root (train/, val/) nor a preprocessed download "
+            f"({', '.join(SOURCE_DIRS.values())})"
+        )
+
+
+def _describe_energon(root: Path, console: Console) -> None:
+    plan = ConversionPlan.load(root)
+    info_path = root / NV_META / ".info.json"
+    energon_counts = json.loads(info_path.read_text()).get("shard_counts", {}) if info_path.is_file() else {}
+    indexed = is_indexed(root)
+    table = Table(title=f"{root} (Energon webdataset)")
+    for column in ("split", "shards", "samples", "GB", "unfinished"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    for split in SPLITS:
+        tars = sorted((root / split).glob("shard_*.tar"))
+        samples = 0
+        for tar in tars:
+            shard = int(tar.stem.removeprefix("shard_"))
+            record = ShardRecord.load(root, split, shard)
+            samples += energon_counts.get(f"{split}/{tar.name}", record.samples if record else 0)
+        expected = plan.shards(split) if plan else len(tars)
+        unfinished = len(list((root / split).glob(".shard_*.partial-*"))) + max(expected - len(tars), 0)
+        gigabytes = sum(t.stat().st_size for t in tars) / 1e9
+        table.add_row(split, str(len(tars)), f"{samples:,}", f"{gigabytes:.3f}", str(unfinished))
+    console.print(table)
+    empty = all((root / EMPTY_DIR / name).is_file() for name in EMPTY_FILES)
+    source = (
+        f"{plan.source_kind} data from {plan.source}, shard size {plan.shard_size:,}" if plan else "unknown"
+    )
+    console.print(f"source: {source}")
+    console.print(
+        f"indexed for Energon: {'yes' if indexed else 'no'}; empty encodings: {'yes' if empty else 'no'}"
+    )
+
+
+def _describe_source(root: Path, console: Console) -> None:
+    from data_prep.source import SourceError, open_source
+
+    table = Table(title=f"{root} (MLCommons preprocessed download)")
+    for column in ("split", "folder", "format", "files", "samples", "GB"):
+        table.add_column(column, justify="left" if column in ("split", "folder", "format") else "right")
+    for split in SPLITS:
+        try:
+            source = open_source(root, split)
+        except SourceError as exc:
+            table.add_row(split, SOURCE_DIRS[split], f"[red]{exc}[/red]", "", "", "")
+            continue
+        kind = source.files[0].kind if source.files else "-"
+        table.add_row(
+            split,
+            SOURCE_DIRS[split],
+            kind,
+            str(len(source.files)),
+            f"{source.total:,}",
+            f"{source.nbytes / 1e9:.3f}",
+        )
+    console.print(table)
