@@ -43,6 +43,7 @@ from flux_cluster.errors import FluxClusterError
 _SUFFIX_SHAPE_COLUMN = {suffix: column for column, suffix in TENSOR_COLUMNS.items()}
 _MEMBERS = {"json", *_SUFFIX_SHAPE_COLUMN}
 MAX_SHOWN = 20
+PER_SHARD_SHOWN = 3
 
 
 @dataclass
@@ -185,7 +186,7 @@ def verify(output: Path, workers: int = 1, console: Console | None = None) -> bo
     ]
     with StageProgress("verify", sum(plan.samples.values()), console) as progress:
         checks: list[ShardCheck] = run_parallel(check_shard, items, workers, progress)
-    problems = [p for c in checks for p in c.problems]
+    problems: list[str] = []  # the split-level ones first: they summarise what the shard-level ones detail
     summaries = []
     for split in SPLITS:
         split_problems = _split_problems(output, plan, split, [c for c in checks if c.split == split])
@@ -203,6 +204,11 @@ def verify(output: Path, workers: int = 1, console: Console | None = None) -> bo
             )
         )
     problems += _root_problems(output, plan)
+    for check in checks:
+        problems += check.problems[:PER_SHARD_SHOWN]
+        if len(check.problems) > PER_SHARD_SHOWN:
+            path = shard_path(output, check.split, check.shard)  # type: ignore[arg-type]
+            problems.append(f"{path}: {len(check.problems) - PER_SHARD_SHOWN} more problem(s) in this shard")
     _print_summary(console, output, plan, summaries, problems)
     return not problems
 

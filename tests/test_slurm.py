@@ -161,3 +161,45 @@ def test_dry_run_output_runs_under_plain_sbatch(cli: CliRunner, workdir: Path) -
     assert state(job_id) == "COMPLETED"
     (run_dir,) = list_runs(workdir / "runs")
     assert json.loads((run_dir / "results" / "preflight_0.json").read_text())["passed"]
+
+
+def test_prepare_data_submit_converts_with_a_two_task_array_and_verifies(cli: CliRunner, workdir: Path) -> None:
+    source, root = workdir / "src", workdir / "energon"
+    assert cli.invoke(app, ["data", "synth", str(source), "--train", "70", "--val", "16"]).exit_code == 0
+    result = cli.invoke(
+        app,
+        ["prepare-data", "--system", "local_slurm", "--submit", "--wait", "--input", str(source),
+         "--output", str(root), "--shard-size", "10", "--tasks", "2"],
+    )
+    assert result.exit_code == 0, result.output
+    runs = {run.name.rsplit("-", 1)[1]: run for run in list_runs(Path("runs"))}
+    assert set(runs) == {"convert", "index", "verify"}
+    convert = RunRecord.load(runs["convert"])
+    assert convert is not None and convert.array and len(convert.job_ids) == 2
+    assert all(state(job_id) == "COMPLETED" for job_id in convert.job_ids)
+    # Each array task converted its own range of shards: train 0-6 and val 0-1 are 9 shards, 4 + 5.
+    logs = [(runs["convert"] / "slurm" / f"{job_id}_0_log.err").read_text() for job_id in convert.job_ids]
+    assert "convert (task 1/2): 40/40 samples" in logs[0]
+    assert "convert (task 2/2): 46/46 samples" in logs[1]
+    verify = RunRecord.load(runs["verify"])
+    assert verify is not None
+    verify_log = (runs["verify"] / "slurm" / f"{verify.job_ids[0]}_0_log.err").read_text()
+    assert "verify: all checks passed" in verify_log
+    assert (root / ".nv-meta" / "dataset.yaml").is_file()
+
+
+def test_prepare_data_chain_stops_when_a_stage_fails(cli: CliRunner, workdir: Path) -> None:
+    result = cli.invoke(
+        app,
+        ["prepare-data", "--system", "local_slurm", "--submit", "--wait", "--input", str(workdir / "absent"),
+         "--output", str(workdir / "energon"), "--tasks", "2"],
+    )
+    assert result.exit_code == 1, result.output
+    runs = {run.name.rsplit("-", 1)[1]: run for run in list_runs(Path("runs"))}
+    convert = RunRecord.load(runs["convert"])
+    index = RunRecord.load(runs["index"])
+    assert convert is not None and index is not None
+    assert state(convert.job_ids[0]) == "FAILED"
+    err = (runs["convert"] / "slurm" / f"{convert.job_ids[0]}_0_log.err").read_text()
+    assert "cc12m_preprocessed: missing" in err
+    assert state(index.job_ids[0]) in ("CANCELLED", "PENDING")  # kill_invalid_depend cancels it

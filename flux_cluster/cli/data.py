@@ -118,6 +118,14 @@ def _run_here(config, stages: list[str], workers: int, dry_run: bool) -> int:  #
                 f"shard size {config.data_prep.shard_size}"
             )
         return 0
+    if "convert" in stages:  # check the input before any output, so a bad one gets just its one-line error
+        from data_prep.convert import make_plan
+        from data_prep.source import SourceError
+
+        try:
+            make_plan(paths.need_source("convert"), config.data_prep.shard_size)
+        except SourceError as exc:
+            raise FluxClusterError(str(exc)) from None
     for stage in stages:
         started = time.monotonic()
         console.rule(f"[bold]{stage}")

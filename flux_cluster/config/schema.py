@@ -43,6 +43,7 @@ _OWNED_DIRECTIVES = {
     "--time",
     "--open-mode",
     "--dependency",
+    "--kill-on-invalid-dep",
 }
 # Names the job scripts set or bash itself reads: a config must not override them through env.
 _RESERVED_ENV = {

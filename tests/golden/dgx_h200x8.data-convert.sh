@@ -11,6 +11,7 @@
 #SBATCH --no-requeue
 #SBATCH --array=0-7
 #SBATCH --dependency=afterok:1000
+#SBATCH --kill-on-invalid-dep=yes
 #
 # flux-cluster 0.1.0: the data-convert job on system dgx_h200x8, rendered from
 # slurm/templates/sbatch.sh.j2. Change the system config (or use --set) and render again rather than

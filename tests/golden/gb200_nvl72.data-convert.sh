@@ -11,6 +11,7 @@
 #SBATCH --no-requeue
 #SBATCH --array=0-7
 #SBATCH --dependency=afterok:1000
+#SBATCH --kill-on-invalid-dep=yes
 #SBATCH --segment=18
 #
 # flux-cluster 0.1.0: the data-convert job on system gb200_nvl72, rendered from
