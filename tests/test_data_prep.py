@@ -1,4 +1,4 @@
-"""prepare-data end to end on synthetic tiny-dims data: synth -> convert -> index -> verify, through the CLI."""
+"""prepare-data end to end on synthetic tiny-dims data (synth, convert, index, verify) through the CLI."""
 
 import hashlib
 import json
@@ -29,7 +29,8 @@ def run_cli(cli: CliRunner, *args: str) -> tuple[int, str]:
 
 def shard_hashes(root: Path) -> dict[str, str]:
     return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.glob("*/shard_*.tar"))
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.glob("*/shard_*.tar"))
     }
 
 
@@ -45,7 +46,9 @@ def source_rows(path: Path) -> dict[str, dict[str, bytes]]:
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth") / "src"
-    code, output = run_cli(CliRunner(), "data", "synth", str(out), "--train", "90", "--val", "20", "--seed", "3")
+    code, output = run_cli(
+        CliRunner(), "data", "synth", str(out), "--train", "90", "--val", "20", "--seed", "3"
+    )
     assert code == 0, output
     return out
 
@@ -54,8 +57,18 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def energon_root(synthetic: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("energon") / "root"
     code, output = run_cli(
-        CliRunner(), "prepare-data", "--system", "local", "--input", str(synthetic), "--output", str(root),
-        "--shard-size", "25", "--workers", "2",
+        CliRunner(),
+        "prepare-data",
+        "--system",
+        "local",
+        "--input",
+        str(synthetic),
+        "--output",
+        str(root),
+        "--shard-size",
+        "25",
+        "--workers",
+        "2",
     )
     assert code == 0, output
     assert "verify: all checks passed" in output
@@ -76,9 +89,14 @@ def test_layout_matches_nvidia(energon_root: Path) -> None:
     assert sorted(p.name for p in (energon_root / "train").glob("*.tar")) == [
         f"shard_{i:06d}.tar" for i in range(4)
     ]
-    assert (energon_root / "train" / "index.txt").read_text().split() == [f"shard_{i:06d}.tar" for i in range(4)]
+    assert (energon_root / "train" / "index.txt").read_text().split() == [
+        f"shard_{i:06d}.tar" for i in range(4)
+    ]
     assert (energon_root / "val" / "index.txt").read_text().split() == ["shard_000000.tar"]
-    assert {p.name for p in (energon_root / "empty_encodings").iterdir()} == {"t5_empty.npy", "clip_empty.npy"}
+    assert {p.name for p in (energon_root / "empty_encodings").iterdir()} == {
+        "t5_empty.npy",
+        "clip_empty.npy",
+    }
     meta = energon_root / ".nv-meta"
     assert "CrudeWebdataset" in (meta / "dataset.yaml").read_text()
     split = (meta / "split.yaml").read_text()
@@ -86,13 +104,22 @@ def test_layout_matches_nvidia(energon_root: Path) -> None:
     with tarfile.open(energon_root / "train" / "shard_000000.tar") as archive:
         names = archive.getnames()
     assert names[:5] == [
-        "00000000.json", "00000000.clip.bytes", "00000000.logvar.bytes", "00000000.mean.bytes", "00000000.t5.bytes"
+        "00000000.json",
+        "00000000.clip.bytes",
+        "00000000.logvar.bytes",
+        "00000000.mean.bytes",
+        "00000000.t5.bytes",
     ]
     assert len(names) == 25 * 5
 
 
 def test_shard_members_are_the_source_bytes(synthetic: Path, energon_root: Path) -> None:
-    columns = {"t5.bytes": "t5_encodings", "clip.bytes": "clip_encodings", "mean.bytes": "mean", "logvar.bytes": "logvar"}
+    columns = {
+        "t5.bytes": "t5_encodings",
+        "clip.bytes": "clip_encodings",
+        "mean.bytes": "mean",
+        "logvar.bytes": "logvar",
+    }
     for split, folder, shards in (("train", "cc12m_preprocessed", 4), ("val", "coco_preprocessed", 1)):
         rows = source_rows(synthetic / folder)
         seen = 0
@@ -115,23 +142,45 @@ def test_shard_members_are_the_source_bytes(synthetic: Path, energon_root: Path)
         assert archive.getnames()[0] == "00000090.json"
 
 
-def test_arrow_and_parquet_sources_give_identical_shards(energon_root: Path, tmp_path: Path, cli: CliRunner) -> None:
+def test_arrow_and_parquet_sources_give_identical_shards(
+    energon_root: Path, tmp_path: Path, cli: CliRunner
+) -> None:
     source = tmp_path / "parquet-src"
     code, output = run_cli(
-        cli, "data", "synth", str(source), "--train", "90", "--val", "20", "--seed", "3", "--format", "parquet"
+        cli,
+        "data",
+        "synth",
+        str(source),
+        "--train",
+        "90",
+        "--val",
+        "20",
+        "--seed",
+        "3",
+        "--format",
+        "parquet",
     )
     assert code == 0, output
     assert list((source / "cc12m_preprocessed").glob("*.parquet"))
     root = tmp_path / "out"
     code, output = run_cli(
-        cli, "prepare-data", "--input", str(source), "--output", str(root), "--stage", "convert", "--shard-size", "25"
+        cli,
+        "prepare-data",
+        "--input",
+        str(source),
+        "--output",
+        str(root),
+        "--stage",
+        "convert",
+        "--shard-size",
+        "25",
     )
     assert code == 0, output
     assert shard_hashes(root) == shard_hashes(energon_root)
 
 
 def test_synthetic_latents_follow_the_text_encodings(synthetic: Path) -> None:
-    """Learnable: a least-squares fit from CLIP to the per-channel latent mean explains most of the variance."""
+    """Learnable: a least-squares fit from CLIP to the per-channel latent mean explains most variance."""
     rows = list(source_rows(synthetic / "cc12m_preprocessed").values())
     dims = DIMS["tiny"]
     clip = np.stack([from_bf16_bits(decode_tensor(r["clip_encodings"], (dims.clip_dim,))) for r in rows])
@@ -145,8 +194,16 @@ def test_synthetic_latents_follow_the_text_encodings(synthetic: Path) -> None:
 def test_rerun_skips_finished_shards(synthetic: Path, energon_root: Path, cli: CliRunner) -> None:
     before = {p: p.stat().st_mtime_ns for p in energon_root.glob("*/shard_*.tar")}
     code, output = run_cli(
-        cli, "prepare-data", "--input", str(synthetic), "--output", str(energon_root), "--stage", "convert",
-        "--shard-size", "25",
+        cli,
+        "prepare-data",
+        "--input",
+        str(synthetic),
+        "--output",
+        str(energon_root),
+        "--stage",
+        "convert",
+        "--shard-size",
+        "25",
     )
     assert code == 0, output
     assert "already done" in output
@@ -157,7 +214,17 @@ def test_kill_during_convert_then_rerun_gives_identical_shards(tmp_path: Path, c
     source = tmp_path / "src"
     assert run_cli(cli, "data", "synth", str(source), "--train", "2000", "--val", "16")[0] == 0
     clean, killed = tmp_path / "clean", tmp_path / "killed"
-    args = ["prepare-data", "--input", str(source), "--stage", "convert", "--shard-size", "50", "--workers", "1"]
+    args = [
+        "prepare-data",
+        "--input",
+        str(source),
+        "--stage",
+        "convert",
+        "--shard-size",
+        "50",
+        "--workers",
+        "1",
+    ]
     assert run_cli(cli, *args, "--output", str(clean))[0] == 0
     process = subprocess.Popen([*FLUX, *args, "--output", str(killed)], stderr=subprocess.DEVNULL)
     records = killed / ".flux-prep" / "train"
@@ -175,7 +242,9 @@ def test_kill_during_convert_then_rerun_gives_identical_shards(tmp_path: Path, c
     assert not list(killed.glob("*/.shard_*.partial-*"))
 
 
-def test_verify_names_truncated_and_corrupt_shards(energon_root: Path, tmp_path: Path, cli: CliRunner) -> None:
+def test_verify_names_truncated_and_corrupt_shards(
+    energon_root: Path, tmp_path: Path, cli: CliRunner
+) -> None:
     import shutil
 
     root = tmp_path / "copy"
@@ -196,7 +265,9 @@ def test_verify_names_truncated_and_corrupt_shards(energon_root: Path, tmp_path:
     assert "FAILED" in output
 
 
-def test_verify_checks_mlcommons_totals_and_real_shapes(energon_root: Path, tmp_path: Path, cli: CliRunner) -> None:
+def test_verify_checks_mlcommons_totals_and_real_shapes(
+    energon_root: Path, tmp_path: Path, cli: CliRunner
+) -> None:
     import shutil
 
     root = tmp_path / "as-mlcommons"
@@ -231,7 +302,9 @@ def test_bad_input_gives_one_line_error(
     elif damage == "missing-column":
         shutil.rmtree(source / "cc12m_preprocessed")
         (source / "cc12m_preprocessed").mkdir()
-        table = pa.table({"__key__": ["a"], "t5_encodings": [b"x"], "clip_encodings": [b"x"], "logvar": [b"x"]})
+        table = pa.table(
+            {"__key__": ["a"], "t5_encodings": [b"x"], "clip_encodings": [b"x"], "logvar": [b"x"]}
+        )
         pq.write_table(table, source / "cc12m_preprocessed" / "part-0.parquet")
     else:
         arrow = next((source / "cc12m_preprocessed").glob("*.arrow"))
@@ -239,7 +312,9 @@ def test_bad_input_gives_one_line_error(
     output_root = tmp_path / "out"
     result = subprocess.run(
         [*FLUX, "prepare-data", "--input", str(source), "--output", str(output_root)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 2
     assert expected in result.stderr
@@ -248,23 +323,40 @@ def test_bad_input_gives_one_line_error(
     assert not list(output_root.glob("*/shard_*.tar"))
 
 
-def test_unwritable_output_and_other_plans_are_refused(synthetic: Path, energon_root: Path, tmp_path: Path) -> None:
+def test_unwritable_output_and_other_plans_are_refused(
+    synthetic: Path, energon_root: Path, tmp_path: Path
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = subprocess.run(
         [*FLUX, "prepare-data", "--input", str(synthetic), "--output", str(blocker / "root")],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 2 and "cannot write the output" in result.stderr, result.stderr
     result = subprocess.run(
-        [*FLUX, "prepare-data", "--input", str(synthetic), "--output", str(energon_root), "--shard-size", "10"],
-        capture_output=True, text=True, check=False,
+        [
+            *FLUX,
+            "prepare-data",
+            "--input",
+            str(synthetic),
+            "--output",
+            str(energon_root),
+            "--shard-size",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 2
     assert "shard size 25" in result.stderr and "use another --output" in result.stderr
 
 
-def test_data_info_describes_both_kinds_of_folder(synthetic: Path, energon_root: Path, cli: CliRunner) -> None:
+def test_data_info_describes_both_kinds_of_folder(
+    synthetic: Path, energon_root: Path, cli: CliRunner
+) -> None:
     code, output = run_cli(cli, "data", "info", str(energon_root))
     assert code == 0, output
     assert "indexed for Energon: yes" in output
@@ -304,7 +396,9 @@ def test_download_is_resumable_with_a_stand_in_downloader(
     code, output = run_cli(cli, *args)
     assert code == 0, output
     lines = calls.read_text().splitlines()
-    assert lines[0] == f"{source} https://training.mlcommons-storage.org/metadata/flux-1-cc12m-preprocessed.uri"
+    assert (
+        lines[0] == f"{source} https://training.mlcommons-storage.org/metadata/flux-1-cc12m-preprocessed.uri"
+    )
     assert [line.rsplit("/", 1)[1] for line in lines] == [
         "flux-1-cc12m-preprocessed.uri",
         "flux-1-coco-preprocessed.uri",  # failed
@@ -328,8 +422,16 @@ def test_stage_and_launcher_mistakes_are_one_line_errors(synthetic: Path, cli: C
 
 def test_submit_dry_run_prints_chained_scripts(workdir: Path, cli: CliRunner) -> None:
     code, output = run_cli(
-        cli, "prepare-data", "--system", "dgx_h100x8", "--submit", "--dry-run",
-        "--input", "/site/download", "--output", "/site/energon",
+        cli,
+        "prepare-data",
+        "--system",
+        "dgx_h100x8",
+        "--submit",
+        "--dry-run",
+        "--input",
+        "/site/download",
+        "--output",
+        "/site/energon",
     )
     assert code == 0, output
     stages = [line.split()[3].rstrip(":") for line in output.splitlines() if line.startswith("# ---- stage")]
@@ -344,8 +446,15 @@ def test_submit_dry_run_prints_chained_scripts(workdir: Path, cli: CliRunner) ->
 
 def test_cli_help_stays_light() -> None:
     result = subprocess.run(
-        [sys.executable, "-c", "import sys; from flux_cluster.cli import app; "
-         "print(sorted(m for m in ('torch', 'pyarrow', 'megatron') if m in sys.modules))"],
-        capture_output=True, text=True, check=True, env={**os.environ},
+        [
+            sys.executable,
+            "-c",
+            "import sys; from flux_cluster.cli import app; "
+            "print(sorted(m for m in ('torch', 'pyarrow', 'megatron') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ},
     )
     assert result.stdout.strip() == "[]"

@@ -26,7 +26,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = cli.invoke(app, ["data", "synth", str(base / "src"), "--train", str(TRAIN), "--val", str(VAL)])
     assert result.exit_code == 0, result.output
     result = cli.invoke(
-        app, ["prepare-data", "--input", str(base / "src"), "--output", str(base / "root"), "--shard-size", "8"]
+        app,
+        ["prepare-data", "--input", str(base / "src"), "--output", str(base / "root"), "--shard-size", "8"],
     )
     assert result.exit_code == 0, result.output
     return base / "root"
@@ -34,9 +35,20 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_two_ranks_cover_val_exactly_once(root: Path, tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(HELPER), str(root), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(HELPER),
+            str(root),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -68,7 +80,9 @@ def test_tensors_equal_the_shard_bytes(root: Path) -> None:
 
 def test_cfg_dropout_uses_the_empty_encodings(root: Path) -> None:
     empty_t5, empty_clip = load_empty_encodings(root)
-    always = train_loader(root, batch_size=4, rank=0, world_size=1, seed=1, cfg_dropout=1.0, dims=DIMS["tiny"])
+    always = train_loader(
+        root, batch_size=4, rank=0, world_size=1, seed=1, cfg_dropout=1.0, dims=DIMS["tiny"]
+    )
     batch = next(iter(always))
     assert bool(batch.caption_dropped.all())
     assert torch.equal(batch.t5[0], empty_t5) and torch.equal(batch.clip[0], empty_clip)

@@ -163,13 +163,28 @@ def test_dry_run_output_runs_under_plain_sbatch(cli: CliRunner, workdir: Path) -
     assert json.loads((run_dir / "results" / "preflight_0.json").read_text())["passed"]
 
 
-def test_prepare_data_submit_converts_with_a_two_task_array_and_verifies(cli: CliRunner, workdir: Path) -> None:
+def test_prepare_data_submit_converts_with_a_two_task_array_and_verifies(
+    cli: CliRunner, workdir: Path
+) -> None:
     source, root = workdir / "src", workdir / "energon"
     assert cli.invoke(app, ["data", "synth", str(source), "--train", "70", "--val", "16"]).exit_code == 0
     result = cli.invoke(
         app,
-        ["prepare-data", "--system", "local_slurm", "--submit", "--wait", "--input", str(source),
-         "--output", str(root), "--shard-size", "10", "--tasks", "2"],
+        [
+            "prepare-data",
+            "--system",
+            "local_slurm",
+            "--submit",
+            "--wait",
+            "--input",
+            str(source),
+            "--output",
+            str(root),
+            "--shard-size",
+            "10",
+            "--tasks",
+            "2",
+        ],
     )
     assert result.exit_code == 0, result.output
     runs = {run.name.rsplit("-", 1)[1]: run for run in list_runs(Path("runs"))}
@@ -191,8 +206,19 @@ def test_prepare_data_submit_converts_with_a_two_task_array_and_verifies(cli: Cl
 def test_prepare_data_chain_stops_when_a_stage_fails(cli: CliRunner, workdir: Path) -> None:
     result = cli.invoke(
         app,
-        ["prepare-data", "--system", "local_slurm", "--submit", "--wait", "--input", str(workdir / "absent"),
-         "--output", str(workdir / "energon"), "--tasks", "2"],
+        [
+            "prepare-data",
+            "--system",
+            "local_slurm",
+            "--submit",
+            "--wait",
+            "--input",
+            str(workdir / "absent"),
+            "--output",
+            str(workdir / "energon"),
+            "--tasks",
+            "2",
+        ],
     )
     assert result.exit_code == 1, result.output
     runs = {run.name.rsplit("-", 1)[1]: run for run in list_runs(Path("runs"))}

@@ -28,7 +28,9 @@ def main(root: Path, out: Path) -> None:
     dist.all_gather_object(seen, [v["key"] for v in val])
     loader = train_loader(root, batch_size=4, rank=rank, world_size=world, seed=7, dims=DIMS["tiny"])
     train = [batch.keys for _, batch in zip(range(3), loader, strict=False)]
-    json.dump({"rank": rank, "val": val, "train": train, "all_val_keys": seen}, (out / f"rank{rank}.json").open("w"))
+    json.dump(
+        {"rank": rank, "val": val, "train": train, "all_val_keys": seen}, (out / f"rank{rank}.json").open("w")
+    )
     dist.destroy_process_group()
 
 
