@@ -5,6 +5,7 @@ it; within a task, worker processes convert one shard each. Finished shards are 
 after a failure only does what is missing, and produces the same bytes.
 """
 
+import hashlib
 import json
 import math
 from collections import Counter
@@ -23,7 +24,7 @@ from data_prep.format import (
 )
 from data_prep.parallel import Report, run_parallel
 from data_prep.progress import StageProgress
-from data_prep.shards import STATE_DIR, is_finished, write_shard
+from data_prep.shards import STATE_DIR, is_finished, shard_lock, write_shard
 from data_prep.source import Source, open_source
 from data_prep.synthetic import read_marker
 from flux_cluster.atomic import write_atomic
@@ -37,6 +38,10 @@ class ConversionPlan:
     """What a conversion produces. Every task computes it from the input; all must agree with the record."""
 
     source: str
+    """Where the input was when the plan was made (for people; identity is the fingerprint)."""
+    fingerprint: str
+    """Hash of the input's file names, sizes and row counts (and the synthetic marker): the same data
+    reached through another path or mount compares equal, changed data does not."""
     source_kind: str
     """'mlcommons', or 'synthetic' for data made by 'flux-cluster data synth'."""
     dims: str | None
@@ -74,29 +79,35 @@ class ConversionPlan:
 
 
 def make_plan(source_root: Path, shard_size: int = DEFAULT_SHARD_SIZE) -> ConversionPlan:
+    """The plan for a source; checks the source (missing folders, schema, unreadable files)."""
     if shard_size < 1:
         raise FluxClusterError(f"shard size {shard_size}: expected a positive number of samples")
     _source.cache_clear()  # the input may have changed since this process last looked
     marker = read_marker(source_root)
-    samples = {split: _source(source_root, split).total for split in SPLITS}
+    sources = {split: _source(source_root, split) for split in SPLITS}
     return ConversionPlan(
         source=str(source_root.absolute()),
+        fingerprint=_fingerprint(sources, marker),
         source_kind="synthetic" if marker else "mlcommons",
         dims=marker["dims"] if marker else "real",
         shard_size=shard_size,
-        samples=samples,
+        samples={split: source.total for split, source in sources.items()},
     )
+
+
+def _fingerprint(sources: dict[Split, Source], marker: dict | None) -> str:
+    digest = hashlib.sha256(json.dumps(marker, sort_keys=True).encode())
+    for split, source in sources.items():
+        for file in source.files:
+            name = file.path.relative_to(source.directory)
+            digest.update(f"{split}/{name}:{file.path.stat().st_size}:{file.rows}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def record_plan(output: Path, plan: ConversionPlan) -> None:
     """Write the plan, or check that the output was converted under the same plan."""
     existing = ConversionPlan.load(output)
-    if existing is not None and existing != plan:
-        raise FluxClusterError(
-            f"{output / STATE_DIR / PLAN_FILE}: {output} holds a conversion of {existing.source} "
-            f"({existing.samples}, shard size {existing.shard_size}), not of {plan.source} "
-            f"({plan.samples}, shard size {plan.shard_size}); use another --output or remove {output}"
-        )
+    check_compatible(output, existing, plan)
     try:
         (output / STATE_DIR).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -105,18 +116,34 @@ def record_plan(output: Path, plan: ConversionPlan) -> None:
         write_atomic(output / STATE_DIR / PLAN_FILE, json.dumps(asdict(plan), indent=1) + "\n")
 
 
+def check_compatible(output: Path, existing: ConversionPlan | None, plan: ConversionPlan) -> None:
+    """An output holds one conversion: refuse to mix in shards of other data or another shard size."""
+    if existing is None or (existing.fingerprint, existing.shard_size) == (plan.fingerprint, plan.shard_size):
+        return
+    raise FluxClusterError(
+        f"{output / STATE_DIR / PLAN_FILE}: {output} holds a conversion of other data or with another "
+        f"shard size ({existing.source}: {existing.samples}, shard size {existing.shard_size}, data "
+        f"{existing.fingerprint}; now {plan.source}: {plan.samples}, shard size {plan.shard_size}, data "
+        f"{plan.fingerprint}); use another --output or remove {output}"
+    )
+
+
 def convert(
     source_root: Path,
     output: Path,
     *,
-    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_size: int | None = None,
     task: int = 0,
     tasks: int = 1,
     workers: int = 1,
 ) -> ConversionPlan:
-    """Convert this task's range of shards; returns the plan."""
+    """Convert this task's range of shards; returns the plan. Without a shard size, the one an earlier
+    run recorded in the output is kept (else NVIDIA's 10,000)."""
     if not 0 <= task < tasks:
         raise FluxClusterError(f"task {task} of {tasks}: expected 0 <= task < tasks")
+    if shard_size is None:
+        recorded = ConversionPlan.load(output)
+        shard_size = recorded.shard_size if recorded else DEFAULT_SHARD_SIZE
     plan = make_plan(source_root, shard_size)
     record_plan(output, plan)
     mine = plan.task_work(task, tasks)
@@ -143,14 +170,11 @@ def _convert_shard(item: tuple[str, str, Split, int, int, int], report: Report) 
     first = shard * shard_size
     stop = min(first + shard_size, source.total)
     timesteps: Counter[int] = Counter()
-    write_shard(
-        Path(output),
-        split,
-        shard,
-        first,
-        _members(source, first, stop, key_offset, timesteps, report),
-        timesteps,
-    )
+    with shard_lock(Path(output), split, shard):  # another task or run may be on the same shard
+        if is_finished(Path(output), split, shard):
+            return 0
+        members = _members(source, first, stop, key_offset, timesteps, report)
+        write_shard(Path(output), split, shard, first, members, timesteps)
     return stop - first
 
 

@@ -30,7 +30,12 @@ def describe(root: Path, console: Console) -> None:
 def _describe_energon(root: Path, console: Console) -> None:
     plan = ConversionPlan.load(root)
     info_path = root / NV_META / ".info.json"
-    energon_counts = json.loads(info_path.read_text()).get("shard_counts", {}) if info_path.is_file() else {}
+    try:
+        energon_counts = (
+            json.loads(info_path.read_text()).get("shard_counts", {}) if info_path.is_file() else {}
+        )
+    except (ValueError, AttributeError):
+        energon_counts = {}  # unreadable: fall back to conversion's records
     indexed = is_indexed(root)
     table = Table(title=f"{root} (Energon webdataset)")
     for column in ("split", "shards", "samples", "GB", "unfinished"):

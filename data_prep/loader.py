@@ -107,9 +107,14 @@ class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, Flux
             timestep=int(record.get("timestep", NO_TIMESTEP)),
         )
 
-    @stateless(restore_seeds=True)  # seeded per sample, so a restored loader drops the same captions
+    @stateless
     def encode_sample(self, sample: FluxSample) -> FluxSample:
-        if self.cfg_dropout > 0 and random.random() < self.cfg_dropout:
+        # Seeded from (this worker's seed, its sample index), both restored with the loader state, so a
+        # resumed run drops the same captions. (Energon's restore_seeds caches one seed per process.)
+        config = WorkerConfig.active_worker_config
+        assert config is not None, "encode_sample runs inside an Energon loader"
+        draw = random.Random(config.worker_seed() * 2**40 + self.current_sample_index).random()
+        if self.cfg_dropout > 0 and draw < self.cfg_dropout:
             sample.t5 = self.empty_t5
             sample.clip = self.empty_clip
             sample.caption_dropped = True

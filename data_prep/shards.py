@@ -5,18 +5,22 @@ bytes, sha256) is written: a shard without a record is unfinished and is convert
 headers come from the standard library; payloads are written straight from the Arrow buffers.
 """
 
+import fcntl
 import hashlib
 import json
 import os
+import socket
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from data_prep.format import SHARD_PATTERN, Split
 from flux_cluster.atomic import write_atomic
+from flux_cluster.errors import FluxClusterError
 
 STATE_DIR = ".flux-prep"
 """Under the Energon root: the conversion plan and one record per finished shard."""
@@ -106,6 +110,19 @@ def is_finished(root: Path, split: Split, shard: int) -> bool:
         return False
 
 
+@contextmanager
+def shard_lock(root: Path, split: Split, shard: int) -> Iterator[None]:
+    """Hold the shard's lock file (flock: released by the kernel when a holder dies)."""
+    path = root / STATE_DIR / split / (SHARD_PATTERN.format(shard) + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def write_shard(
     root: Path,
     split: Split,
@@ -114,12 +131,13 @@ def write_shard(
     members: Iterator[tuple[str, bytes | memoryview]],
     timesteps: Counter[int] | None = None,
 ) -> ShardRecord:
-    """Write the shard atomically and record it (``timesteps``: filled by the members iterator)."""
+    """Write the shard atomically and record it (``timesteps``: filled by the members iterator).
+    The caller holds the shard's lock, so any partial file of this shard is left by a killed attempt."""
     final = shard_path(root, split, shard)
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}.partial-*"):  # left by a killed attempt
+    for stale in final.parent.glob(f".{final.name}.partial-*"):
         stale.unlink(missing_ok=True)
-    temporary = final.parent / f".{final.name}.partial-{os.getpid()}"
+    temporary = final.parent / f".{final.name}.partial-{socket.gethostname()}-{os.getpid()}"
     names: set[str] = set()
     try:
         with open(temporary, "wb") as stream:
@@ -131,6 +149,9 @@ def write_shard(
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, final)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise FluxClusterError(f"{temporary}: {exc.strerror or exc}") from None  # e.g. a full disk
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

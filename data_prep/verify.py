@@ -94,7 +94,10 @@ def check_shard(item: tuple[str, Split, int, int, str | None], report: Report) -
         if record.samples != check.samples:
             check.problems.append(f"{path}: {check.samples} samples, conversion recorded {record.samples}")
         if record.sha256 != reader.hash.hexdigest():
-            check.problems.append(f"{path}: contents differ from what conversion wrote (sha256 mismatch)")
+            check.problems.append(
+                f"{path}: contents differ from what conversion wrote (sha256 mismatch); "
+                f"delete it and run the convert stage again"
+            )
     return check
 
 
@@ -137,7 +140,7 @@ def _check_members(
                 _check_payload(data, suffix, split, shapes, check, f"{path}: member {member}")
         close_sample()
     except (tarfile.TarError, EOFError, OSError) as exc:
-        check.problems.append(f"{path}: truncated or corrupt tar after member {member} ({exc})")
+        check.problems.append(f"{path}: truncated or corrupt tar in or after member {member} ({exc})")
 
 
 def _check_payload(
@@ -259,7 +262,11 @@ def _root_problems(output: Path, plan: ConversionPlan) -> list[str]:
     if not (output / NV_META / "dataset.yaml").is_file() or not info.is_file():
         problems.append(f"{output / NV_META}: not indexed for Energon (run the index stage)")
     else:
-        counts = json.loads(info.read_text()).get("shard_counts", {})
+        try:
+            counts = json.loads(info.read_text()).get("shard_counts", {})
+        except (ValueError, AttributeError) as exc:
+            counts = {}
+            problems.append(f"{info}: unreadable ({exc.__class__.__name__}); run the index stage again")
         for split, shard in plan.work():
             name = f"{split}/{shard_name(shard)}"
             if counts.get(name) != plan.shard_samples(split, shard):
@@ -275,6 +282,8 @@ def _root_problems(output: Path, plan: ConversionPlan) -> list[str]:
         except (OSError, ValueError) as exc:
             problems.append(f"{path}: missing or unreadable ({exc.__class__.__name__})")
             continue
+        if value.dtype != np.float16:
+            problems.append(f"{path}: dtype {value.dtype}, expected float16")
         if dims is not None:
             shape = dims.shapes()["t5_encodings" if name.startswith("t5") else "clip_encodings"]
             if value.shape != (1, *shape):

@@ -18,6 +18,8 @@ def data_job_system(system: SystemConfig, stage: str) -> SystemConfig:
             "gres_gpus": False,
             "exclusive": False,
             "cpus_per_task": prep.workers,
+            "mem": prep.mem,
+            "mem_per_cpu": None if prep.mem else system.slurm.mem_per_cpu,
             "requeue": False,  # a failed stage is re-run by hand; finished shards are skipped
         }
     )

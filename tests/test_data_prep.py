@@ -191,23 +191,32 @@ def test_synthetic_latents_follow_the_text_encodings(synthetic: Path) -> None:
     assert residual.var() < 0.05 * latent.var()
 
 
-def test_rerun_skips_finished_shards(synthetic: Path, energon_root: Path, cli: CliRunner) -> None:
+def test_rerun_skips_finished_shards(
+    synthetic: Path, energon_root: Path, tmp_path: Path, cli: CliRunner
+) -> None:
+    """Same data through another path, no --shard-size (the recorded 25 is kept): nothing is redone."""
     before = {p: p.stat().st_mtime_ns for p in energon_root.glob("*/shard_*.tar")}
-    code, output = run_cli(
-        cli,
+    (tmp_path / "link").symlink_to(synthetic)
+    args = [
         "prepare-data",
         "--input",
-        str(synthetic),
+        str(tmp_path / "link"),
         "--output",
         str(energon_root),
         "--stage",
         "convert",
-        "--shard-size",
-        "25",
-    )
+    ]
+    code, output = run_cli(cli, *args)
     assert code == 0, output
     assert "already done" in output
     assert {p: p.stat().st_mtime_ns for p in energon_root.glob("*/shard_*.tar")} == before
+
+
+def test_changed_source_data_is_refused(energon_root: Path, tmp_path: Path, cli: CliRunner) -> None:
+    other = tmp_path / "other"
+    assert run_cli(cli, "data", "synth", str(other), "--train", "90", "--val", "20", "--seed", "4")[0] == 0
+    code, output = run_cli(cli, "prepare-data", "--input", str(other), "--output", str(energon_root))
+    assert code == 2 and "holds a conversion of other data" in output
 
 
 def test_kill_during_convert_then_rerun_gives_identical_shards(tmp_path: Path, cli: CliRunner) -> None:
@@ -458,3 +467,19 @@ def test_cli_help_stays_light() -> None:
         env={**os.environ},
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_concurrent_converts_of_one_output_agree(synthetic: Path, energon_root: Path, tmp_path: Path) -> None:
+    """Two runs on the same output at once (a resubmitted array, a local run beside a Slurm one)."""
+    root = tmp_path / "shared"
+    args = [*FLUX, "prepare-data", "--input", str(synthetic), "--output", str(root), "--stage", "convert"]
+    runs = [
+        subprocess.Popen(
+            [*args, "--shard-size", "25", "--workers", str(w)], stderr=subprocess.PIPE, text=True
+        )
+        for w in (1, 2)
+    ]
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    assert shard_hashes(root) == shard_hashes(energon_root)

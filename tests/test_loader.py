@@ -95,6 +95,45 @@ def test_cfg_dropout_uses_the_empty_encodings(root: Path) -> None:
     assert 10 <= dropped <= 55, f"p=0.1 over 300 samples dropped {dropped}"
 
 
+def test_restored_loader_continues_in_a_fresh_process(root: Path, tmp_path: Path) -> None:
+    """As after a requeue: another process, which has not used any other loader before, restores it."""
+    # This process has used another loader first (another seed): that must not change this one's dropout.
+    next(
+        iter(
+            train_loader(
+                root, batch_size=4, rank=0, world_size=1, seed=99, cfg_dropout=0.5, dims=DIMS["tiny"]
+            )
+        )
+    )
+    loader = train_loader(
+        root, batch_size=4, rank=0, world_size=1, seed=5, cfg_dropout=0.5, dims=DIMS["tiny"]
+    )
+    iterator = iter(loader)
+    for _ in range(4):
+        next(iterator)
+    torch.save(loader.save_state_rank(), tmp_path / "state.pt")
+    expected = [next(iterator) for _ in range(6)]
+    code = (
+        "import json, sys, torch; from pathlib import Path; from data_prep.format import DIMS; "
+        "from data_prep.loader import train_loader; "
+        "loader = train_loader(Path(sys.argv[1]), batch_size=4, rank=0, world_size=1, seed=5, "
+        "cfg_dropout=0.5, dims=DIMS['tiny']); "
+        "loader.restore_state_rank(torch.load(sys.argv[2], weights_only=False)); "
+        "batches = [b for _, b in zip(range(6), loader)]; "
+        "print(json.dumps([[b.keys, b.caption_dropped.tolist()] for b in batches]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(root), str(tmp_path / "state.pt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got == [[b.keys, b.caption_dropped.tolist()] for b in expected]
+
+
 def test_restored_loader_continues_where_the_saved_one_stopped(root: Path) -> None:
     def make() -> object:
         return train_loader(root, batch_size=4, rank=0, world_size=1, seed=5, dims=DIMS["tiny"])

@@ -65,6 +65,8 @@ def test_preflight_on_two_nodes_completes_and_reports_bandwidth(
             assert secret.encode() not in path.read_bytes(), path
     assert "HF_TOKEN" in (run_dir / "job.sh").read_text()
     # status/logs through the CLI
+    # slurmdbd may hold the first node only for a moment after the job ends, under load: poll.
+    poll(lambda: "n[1-2]" in cli.invoke(app, ["status", str(run_dir)]).output, 30, "sacct to list both nodes")
     status = cli.invoke(app, ["status", str(run_dir)])
     assert status.exit_code == 0 and "COMPLETED" in status.output and "n[1-2]" in status.output
     logs = cli.invoke(app, ["logs", str(run_dir)])
@@ -204,6 +206,12 @@ def test_prepare_data_submit_converts_with_a_two_task_array_and_verifies(
 
 
 def test_prepare_data_chain_stops_when_a_stage_fails(cli: CliRunner, workdir: Path) -> None:
+    """The input is valid at submission and gone when the delayed convert array starts: it fails, and
+    --kill-on-invalid-dep cancels index and verify instead of leaving them pending forever."""
+    import shutil
+
+    source = workdir / "src"
+    assert cli.invoke(app, ["data", "synth", str(source), "--train", "20", "--val", "8"]).exit_code == 0
     result = cli.invoke(
         app,
         [
@@ -211,21 +219,40 @@ def test_prepare_data_chain_stops_when_a_stage_fails(cli: CliRunner, workdir: Pa
             "--system",
             "local_slurm",
             "--submit",
-            "--wait",
+            "--input",
+            str(source),
+            "--output",
+            str(workdir / "energon"),
+            "--set",
+            "slurm.extra_sbatch=[--begin=now+4]",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    shutil.rmtree(source)
+    runs = {run.name.rsplit("-", 1)[1]: RunRecord.load(run) for run in list_runs(Path("runs"))}
+    ids = [job_id for record in runs.values() if record for job_id in record.job_ids]
+    states = slurm.wait_until_final(ids)
+    convert, index, verify = (runs[stage] for stage in ("convert", "index", "verify"))
+    assert convert is not None and index is not None and verify is not None
+    assert {states[job_id].split()[0] for job_id in convert.job_ids} == {"FAILED"}
+    assert states[index.job_ids[0]].startswith("CANCELLED") and states[verify.job_ids[0]].startswith(
+        "CANCELLED"
+    )
+
+
+def test_prepare_data_submit_refuses_bad_input_before_submitting(cli: CliRunner, workdir: Path) -> None:
+    result = cli.invoke(
+        app,
+        [
+            "prepare-data",
+            "--system",
+            "local_slurm",
+            "--submit",
             "--input",
             str(workdir / "absent"),
             "--output",
             str(workdir / "energon"),
-            "--tasks",
-            "2",
         ],
     )
-    assert result.exit_code == 1, result.output
-    runs = {run.name.rsplit("-", 1)[1]: run for run in list_runs(Path("runs"))}
-    convert = RunRecord.load(runs["convert"])
-    index = RunRecord.load(runs["index"])
-    assert convert is not None and index is not None
-    assert state(convert.job_ids[0]) == "FAILED"
-    err = (runs["convert"] / "slurm" / f"{convert.job_ids[0]}_0_log.err").read_text()
-    assert "cc12m_preprocessed: missing" in err
-    assert state(index.job_ids[0]) in ("CANCELLED", "PENDING")  # kill_invalid_depend cancels it
+    assert result.exit_code == 2 and "cc12m_preprocessed: missing" in result.output
+    assert not Path("runs").exists() and not (workdir / "absent").exists()

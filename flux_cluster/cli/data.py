@@ -72,8 +72,19 @@ def prepare_data(
         if value is not None:
             shown = value.absolute() if isinstance(value, Path) else value
             sets.append((f"{key}={shown}", flag))
-    config = load_system(system, sets).config
+    resolved = load_system(system, sets)
+    explicit_size = resolved.source_of("data_prep.shard_size") != "default"
+    config = _settle_shard_size(resolved.config, explicit_size)
     assert set(stages) <= set(DATA_STAGES)
+    paths = config.paths
+    if (
+        paths.source_root
+        and paths.data_root
+        and Path(paths.source_root).resolve() == Path(paths.data_root).resolve()
+    ):
+        raise FluxClusterError(f"--input and --output are the same folder ({paths.source_root}); use two")
+    if "convert" in stages and "download" not in stages and not dry_run:
+        _check_input(config)  # here, before anything runs or is submitted: bad input is a one-line error
     if submit:
         if config.launcher != "slurm":
             raise FluxClusterError(
@@ -84,6 +95,34 @@ def prepare_data(
         workers or (os.cpu_count() or 1) if config.launcher == "local" else config.data_prep.workers
     )
     raise typer.Exit(_run_here(config, stages, local_workers, dry_run))
+
+
+def _settle_shard_size(config, explicit: bool):  # type: ignore[no-untyped-def]
+    """Without an explicit shard size, continue an earlier conversion with the size it recorded."""
+    from data_prep.convert import ConversionPlan
+
+    if explicit or not config.paths.data_root:
+        return config
+    recorded = ConversionPlan.load(Path(config.paths.data_root))
+    if recorded is None or recorded.shard_size == config.data_prep.shard_size:
+        return config
+    prep = config.data_prep.model_copy(update={"shard_size": recorded.shard_size})
+    return config.model_copy(update={"data_prep": prep})
+
+
+def _check_input(config) -> None:  # type: ignore[no-untyped-def]
+    from data_prep.convert import ConversionPlan, check_compatible, make_plan
+    from data_prep.source import SourceError
+
+    if not config.paths.source_root:
+        raise FluxClusterError("stage convert: no source root; pass --input or set paths.source_root")
+    try:
+        plan = make_plan(Path(config.paths.source_root), config.data_prep.shard_size)
+    except SourceError as exc:
+        raise FluxClusterError(str(exc)) from None
+    if config.paths.data_root:
+        output = Path(config.paths.data_root)
+        check_compatible(output, ConversionPlan.load(output), plan)
 
 
 def _stages(stage: str, has_input: bool) -> list[str]:
@@ -118,14 +157,6 @@ def _run_here(config, stages: list[str], workers: int, dry_run: bool) -> int:  #
                 f"shard size {config.data_prep.shard_size}"
             )
         return 0
-    if "convert" in stages:  # check the input before any output, so a bad one gets just its one-line error
-        from data_prep.convert import make_plan
-        from data_prep.source import SourceError
-
-        try:
-            make_plan(paths.need_source("convert"), config.data_prep.shard_size)
-        except SourceError as exc:
-            raise FluxClusterError(str(exc)) from None
     for stage in stages:
         started = time.monotonic()
         console.rule(f"[bold]{stage}")
@@ -153,10 +184,9 @@ def _submit_stages(config, stages: list[str], runs_dir: Path | None, dry_run: bo
         value = getattr(config.paths, key)
         if value is not None:
             check_slurm_path(Path(value))
-            if not dry_run:
-                Path(value).mkdir(
-                    parents=True, exist_ok=True
-                )  # Pyxis and docker need the mount source to exist
+            # Pyxis and docker need a mount's source to exist; the source root is made only for a download.
+            if not dry_run and (key == "data_root" or "download" in stages):
+                Path(value).mkdir(parents=True, exist_ok=True)
     table = Table(title=f"prepare-data on {config.name}")
     for column in ("stage", "job", "tasks", "run directory"):
         table.add_column(column)

@@ -185,6 +185,8 @@ class DataPrepConfig(_Section):
     """Partition for data jobs (often a CPU partition); None uses slurm.partition."""
     walltime: Walltime = "04:00:00"
     """Time limit of each data job."""
+    mem: MemSize | None = None
+    """Memory per data task (sbatch --mem); None: Slurm's per-CPU default, not the whole node."""
 
 
 class MlperfConfig(_Section):

@@ -7,7 +7,6 @@
 #SBATCH --error=/runs/data-convert/20260101-000000-mi325x8/slurm/%A_%a_0_log.err
 #SBATCH --open-mode=append
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=0
 #SBATCH --no-requeue
 #SBATCH --array=0-7
 #SBATCH --dependency=afterok:1000
