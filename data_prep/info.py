@@ -62,6 +62,36 @@ def _describe_energon(root: Path, console: Console) -> None:
     )
 
 
+def load_check(root: Path, batches: int, console: Console) -> None:
+    """Read batches through the Energon loaders training uses, and report what came out and how fast."""
+    import time
+
+    from data_prep.loader import train_loader, val_loader
+
+    if not is_indexed(root):
+        raise FluxClusterError(
+            f"{root}: not indexed for Energon; run 'flux-cluster prepare-data --stage index'"
+        )
+    started = time.perf_counter()
+    samples = dropped = 0
+    batch = None
+    for _, batch in zip(
+        range(batches), train_loader(root, batch_size=4, rank=0, world_size=1, seed=0), strict=False
+    ):
+        samples += len(batch.keys)
+        dropped += int(batch.caption_dropped.sum())
+    elapsed = time.perf_counter() - started
+    if batch is None:
+        raise FluxClusterError(f"{root}: the train split yielded no batch")
+    shapes = ", ".join(
+        f"{name} {list(getattr(batch, name).shape[1:])}" for name in ("t5", "clip", "mean", "logvar")
+    )
+    console.print(f"train loader: {samples} samples in {elapsed:.2f} s ({samples / elapsed:,.1f} samples/s)")
+    console.print(f"  per sample: {shapes} ({batch.t5.dtype}); captions dropped (CFG): {dropped}/{samples}")
+    val = sum(len(b.keys) for b in val_loader(root, batch_size=8, rank=0, world_size=1))
+    console.print(f"val loader: {val:,} samples in one pass")
+
+
 def _describe_source(root: Path, console: Console) -> None:
     from data_prep.source import SourceError, open_source
 

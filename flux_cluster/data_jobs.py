@@ -14,7 +14,7 @@ def data_job_system(system: SystemConfig, stage: str) -> SystemConfig:
     slurm = system.slurm.model_copy(
         update={
             "partition": prep.partition or system.slurm.partition,
-            "walltime": prep.walltime,
+            "walltime": prep.download_walltime if stage == "download" else prep.walltime,
             "gres_gpus": False,
             "exclusive": False,
             "cpus_per_task": prep.workers,

@@ -371,6 +371,10 @@ def test_data_info_describes_both_kinds_of_folder(
     assert "indexed for Energon: yes" in output
     train_row = next(line for line in output.splitlines() if "train" in line)
     assert "4" in train_row and "90" in train_row
+    code, output = run_cli(cli, "data", "info", str(energon_root), "--load", "3")
+    assert code == 0, output
+    assert "train loader: 12 samples" in output and "t5 [16, 32]" in output and "mean [16, 16, 16]" in output
+    assert "val loader: 20 samples in one pass" in output
     code, output = run_cli(cli, "data", "info", str(synthetic))
     assert code == 0 and "cc12m_preprocessed" in output and "arrow" in output
     code, output = run_cli(cli, "data", "info", str(synthetic / "nowhere"))

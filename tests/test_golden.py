@@ -134,3 +134,13 @@ def test_repository_shell_scripts_pass_shellcheck(script: str) -> None:
         pytest.skip("shellcheck is not installed (tools/dev.sh test installs it as root)")
     result = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_data_download_job_gets_its_own_walltime() -> None:
+    from flux_cluster.data_jobs import data_job_system
+
+    config = load_system("dgx_h100x8", [], environ={}).config
+    assert data_job_system(config, "download").slurm.walltime == "24:00:00"
+    assert data_job_system(config, "convert").slurm.walltime == "04:00:00"
+    assert data_job_system(config, "convert").slurm.mem is None  # not the whole node, as training asks
+    assert config.slurm.mem == "0"

@@ -246,10 +246,19 @@ def synth(
 
 
 @app.command()
-def info(root: Annotated[Path, typer.Argument(help="An Energon root or a preprocessed download.")]) -> None:
+def info(
+    root: Annotated[Path, typer.Argument(help="An Energon root or a preprocessed download.")],
+    load: Annotated[
+        int,
+        typer.Option("--load", help="Also read N train batches (and all of val) through the Energon loader."),
+    ] = 0,
+) -> None:
     """Shards, samples, bytes and splits of a dataset, and whether it is indexed for Energon."""
     from rich.console import Console
 
-    from data_prep.info import describe
+    from data_prep.info import describe, load_check
 
-    describe(root, Console())
+    console = Console()
+    describe(root, console)
+    if load > 0:
+        load_check(root, load, console)

@@ -184,7 +184,9 @@ class DataPrepConfig(_Section):
     partition: SafeToken | None = None
     """Partition for data jobs (often a CPU partition); None uses slurm.partition."""
     walltime: Walltime = "04:00:00"
-    """Time limit of each data job."""
+    """Time limit of the convert, index and verify jobs."""
+    download_walltime: Walltime = "24:00:00"
+    """Time limit of the download job (2.4 TB; NVIDIA's download.sub asks for 24 hours)."""
     mem: MemSize | None = None
     """Memory per data task (sbatch --mem); None: Slurm's per-CPU default, not the whole node."""
 
