@@ -297,7 +297,9 @@ def _print_summary(
     table = Table(title=f"verify {output} ({plan.source_kind}, shard size {plan.shard_size:,})")
     for column in ("split", "shards", "samples", "expected", "GB", "val timesteps", "status"):
         table.add_column(
-            column, justify="left" if column in ("split", "status", "val timesteps") else "right"
+            column,
+            justify="left" if column in ("split", "status", "val timesteps") else "right",
+            no_wrap=True,
         )
     for s in summaries:
         steps = " ".join(str(s.timesteps.get(t, 0)) for t in range(VAL_TIMESTEPS)) if s.split == "val" else ""
