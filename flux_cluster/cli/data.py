@@ -3,12 +3,15 @@
 import os
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
+
+if TYPE_CHECKING:
+    from flux_cluster.config.schema import SystemConfig
 
 app = typer.Typer(help="Synthetic data and dataset inspection.", no_args_is_help=True)
 
@@ -91,13 +94,14 @@ def prepare_data(
                 f"system {config.name} has no Slurm (launcher {config.launcher}); drop --submit"
             )
         raise typer.Exit(_submit_stages(config, stages, runs_dir, dry_run, wait))
+    # Here, a local system uses every core unless told otherwise; a cluster system its configured workers.
     local_workers = (
         workers or (os.cpu_count() or 1) if config.launcher == "local" else config.data_prep.workers
     )
     raise typer.Exit(_run_here(config, stages, local_workers, dry_run))
 
 
-def _settle_shard_size(config, explicit: bool):  # type: ignore[no-untyped-def]
+def _settle_shard_size(config: "SystemConfig", explicit: bool) -> "SystemConfig":
     """Without an explicit shard size, continue an earlier conversion with the size it recorded."""
     from data_prep.convert import ConversionPlan
 
@@ -110,7 +114,7 @@ def _settle_shard_size(config, explicit: bool):  # type: ignore[no-untyped-def]
     return config.model_copy(update={"data_prep": prep})
 
 
-def _check_input(config) -> None:  # type: ignore[no-untyped-def]
+def _check_input(config: "SystemConfig") -> None:
     from data_prep.convert import ConversionPlan, check_compatible, make_plan
     from data_prep.source import SourceError
 
@@ -139,7 +143,7 @@ def _stages(stage: str, has_input: bool) -> list[str]:
     return [stage]
 
 
-def _run_here(config, stages: list[str], workers: int, dry_run: bool) -> int:  # type: ignore[no-untyped-def]
+def _run_here(config: "SystemConfig", stages: list[str], workers: int, dry_run: bool) -> int:
     from rich.console import Console
 
     from data_prep.stages import StagePaths, run_stage
@@ -167,7 +171,9 @@ def _run_here(config, stages: list[str], workers: int, dry_run: bool) -> int:  #
     return 0
 
 
-def _submit_stages(config, stages: list[str], runs_dir: Path | None, dry_run: bool, wait: bool) -> int:  # type: ignore[no-untyped-def]
+def _submit_stages(
+    config: "SystemConfig", stages: list[str], runs_dir: Path | None, dry_run: bool, wait: bool
+) -> int:
     from rich.console import Console
     from rich.table import Table
 
