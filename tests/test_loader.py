@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
+from data_helpers import make_energon_root, run_two_ranks
 
 from data_prep.format import DIMS, decode_tensor
 from data_prep.loader import load_empty_encodings, train_loader, val_loader
-from flux_cluster.cli import app
 
 HELPER = Path(__file__).parent / "helpers" / "load_ranks.py"
 TRAIN, VAL = 60, 21  # 21 val samples: the two ranks get unequal parts
@@ -21,37 +20,11 @@ TRAIN, VAL = 60, 21  # 21 val samples: the two ranks get unequal parts
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("loader")
-    cli = CliRunner()
-    result = cli.invoke(app, ["data", "synth", str(base / "src"), "--train", str(TRAIN), "--val", str(VAL)])
-    assert result.exit_code == 0, result.output
-    result = cli.invoke(
-        app,
-        ["prepare-data", "--input", str(base / "src"), "--output", str(base / "root"), "--shard-size", "8"],
-    )
-    assert result.exit_code == 0, result.output
-    return base / "root"
+    return make_energon_root(tmp_path_factory.mktemp("loader"), TRAIN, VAL, shard_size=8)
 
 
 def test_two_ranks_cover_val_exactly_once(root: Path, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(HELPER),
-            str(root),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_two_ranks(HELPER, root, tmp_path)
     keys = [v["key"] for rank in ranks for v in rank["val"]]
     assert sorted(keys) == [f"{TRAIN + i:08d}" for i in range(VAL)]
     assert len(set(ranks[0]["all_val_keys"][0]) & set(ranks[0]["all_val_keys"][1])) == 0

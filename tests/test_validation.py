@@ -1,18 +1,14 @@
 """The MLPerf validation metric: equal to a direct computation of the algorithm, repeatable, and the
 same on 1 and 2 ranks."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from data_helpers import make_energon_root, run_two_ranks
 
 from data_prep.format import DIMS
 from data_prep.loader import val_loader
-from flux_cluster.cli import app
 from flux_cluster.training.rectified_flow import LATENT_SCALE, LATENT_SHIFT, key_generator, validation_loss
 
 HELPER = Path(__file__).parent / "helpers" / "val_ranks.py"
@@ -36,14 +32,7 @@ class FixedModel(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("val")
-    cli = CliRunner()
-    assert (
-        cli.invoke(app, ["data", "synth", str(base / "src"), "--train", "16", "--val", "27"]).exit_code == 0
-    )
-    result = cli.invoke(app, ["prepare-data", "--input", str(base / "src"), "--output", str(base / "root")])
-    assert result.exit_code == 0, result.output
-    return base / "root"
+    return make_energon_root(tmp_path_factory.mktemp("val"), 16, 27)
 
 
 def direct(root: Path, model: FixedModel) -> float:
@@ -80,24 +69,7 @@ def test_two_ranks_give_the_single_rank_number(root: Path, tmp_path: Path) -> No
     single, _ = validation_loss(
         FixedModel(), val_loader(root, batch_size=4, rank=0, world_size=1), torch.device("cpu")
     )
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(HELPER),
-            str(root),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_two_ranks(HELPER, root, tmp_path)
     assert ranks[0] == ranks[1]
     assert ranks[0]["samples"] == 27
     assert ranks[0]["loss"] == pytest.approx(single, rel=1e-6)  # other batch shapes, other float rounding

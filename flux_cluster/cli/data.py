@@ -117,11 +117,11 @@ def _settle_shard_size(config: "SystemConfig", explicit: bool) -> "SystemConfig"
 def _check_input(config: "SystemConfig") -> None:
     from data_prep.convert import ConversionPlan, check_compatible, make_plan
     from data_prep.source import SourceError
+    from data_prep.stages import StagePaths
 
-    if not config.paths.source_root:
-        raise FluxClusterError("stage convert: no source root; pass --input or set paths.source_root")
+    source = StagePaths(Path(config.paths.source_root) if config.paths.source_root else None, None)
     try:
-        plan = make_plan(Path(config.paths.source_root), config.data_prep.shard_size)
+        plan = make_plan(source.need_source("convert"), config.data_prep.shard_size)
     except SourceError as exc:
         raise FluxClusterError(str(exc)) from None
     if config.paths.data_root:
