@@ -23,3 +23,7 @@ def templates_dir() -> Path:
 
 def systems_dir() -> Path:
     return _find("configs/systems", "configs/systems")
+
+
+def benchmarks_dir() -> Path:
+    return _find("configs/benchmarks", "configs/benchmarks")

@@ -140,7 +140,9 @@ def test_wrong_type_in_a_site_file_names_file_key_value_and_type(cli: CliRunner,
 def test_site_systems_folder_is_searched_first(cli: CliRunner, workdir: Path) -> None:
     site = workdir / "site"
     site.mkdir()
-    (site / "mycluster.yaml").write_text("extends: dgx_h100x8\nnodes: 16\nslurm: {partition: mlperf}\n")
+    (site / "mycluster.yaml").write_text(
+        "extends: dgx_h100x8\nnodes: 16\nslurm: {partition: mlperf}\ntrain: {global_batch_size: 2048}\n"
+    )
     env = {"FLUX_CLUSTER_SYSTEMS": str(site), "COLUMNS": "200"}
     assert "mycluster" in cli.invoke(app, ["systems", "list"], env=env).output
     result = cli.invoke(app, ["submit", "--system", "mycluster", "--dry-run"], env=env)

@@ -57,8 +57,7 @@ case "$cmd" in
     run)
         setup_python
         cd "$ROOT"
-        # Until the training job lands, the main job is the preflight job.
-        exec "$VENV/bin/flux-cluster" preflight --system local "$@"
+        exec "$VENV/bin/flux-cluster" submit --system local "$@"
         ;;
     lint)
         setup_python

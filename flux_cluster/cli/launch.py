@@ -15,6 +15,7 @@ from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
+    from flux_cluster.config.schema import SystemConfig
     from flux_cluster.plan import JobPlan
 
 NexpOption = Annotated[
@@ -161,6 +162,12 @@ def launch(request: LaunchRequest) -> int:
         check_slurm_path(root)
     if not request.dry_run:
         _check_job_available(request.job)
+    training = None
+    if request.job == "train":
+        from flux_cluster.training.workload import resolve_training
+
+        config = _with_training_data(config, make=not request.dry_run)
+        training = resolve_training(config).model_dump(mode="json")
 
     run_dir = create_run_dir(root, experiment, config.name)
     plan = make_plan(
@@ -174,7 +181,7 @@ def launch(request: LaunchRequest) -> int:
         request.extra_minutes,
     )
     script = render_script(plan)
-    prepare_run_dir(plan, script)
+    prepare_run_dir(plan, script, training)
     if request.dry_run:
         from flux_cluster.rundir import RunRecord
 
@@ -206,7 +213,29 @@ def _check_job_available(job: str) -> None:
         )
 
 
-def prepare_run_dir(plan: "JobPlan", script: str) -> None:
+def _with_training_data(config: "SystemConfig", make: bool) -> "SystemConfig":
+    """Systems with train.synthetic_data get their dataset made here (once, on this host) when they name
+    no data root or an empty one; other systems must name an existing prepared root."""
+    from rich.console import Console
+
+    from data_prep.ensure import default_root, ensure_synthetic_root
+
+    spec, data_root = config.train.synthetic_data, config.paths.data_root
+    if spec is None:
+        if data_root is None:
+            raise FluxClusterError(
+                f"system {config.name}: paths.data_root is not set; point it at a prepared Energon root "
+                "(flux-cluster prepare-data) or use --set paths.data_root=PATH"
+            )
+        return config
+    root = Path(data_root) if data_root else default_root(spec)
+    if make:
+        ensure_synthetic_root(spec, root.absolute(), Console(stderr=True))
+    paths = config.paths.model_copy(update={"data_root": str(root.absolute())})
+    return config.model_copy(update={"paths": paths})
+
+
+def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) -> None:
     """The run directory: resolved config (read by every rank), the script, the Slurm log folder."""
     from flux_cluster.atomic import write_atomic
     from flux_cluster.rundir import SCRIPT_FILE, write_run_config
@@ -219,6 +248,8 @@ def prepare_run_dir(plan: "JobPlan", script: str) -> None:
         "nexp": plan.nexp,
         "args": list(plan.job_args),
     }
+    if training is not None:
+        job_section["training"] = training
     write_run_config(plan.run_dir, plan.system, job_section)
     write_atomic(plan.run_dir / SCRIPT_FILE, script, mode=0o755)
     plan.slurm_dir.mkdir(exist_ok=True)  # Slurm opens --output there before the script starts

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from flux_cluster.config.training import TrainConfig
+
 # Characters shlex.quote leaves alone: safe inside an #SBATCH line without quoting.
 SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -96,7 +98,10 @@ Mount = Annotated[str, AfterValidator(_check_mount)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    # '--set slurm.walltime=90' arrives as an int: text fields take numbers as their decimal text.
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, coerce_numbers_to_str=True
+    )
 
 
 class SlurmConfig(_Section):
@@ -212,6 +217,8 @@ class MlperfConfig(_Section):
     """Run the MLPerf compliance checker on every result log after its repeat."""
     ruleset: Literal["5.1.0", "6.0.0", "6.1.0"] = "6.1.0"
     """MLPerf Training ruleset the logs are checked against."""
+    submission_org: str = "flux-cluster"
+    """submission_org in the result logs: the submitting organisation."""
 
 
 class SystemConfig(_Section):
@@ -255,6 +262,8 @@ class SystemConfig(_Section):
     """MLPerf conventions: repeats, seeds, cache clearing, compliance."""
     data_prep: DataPrepConfig = DataPrepConfig()
     """How 'flux-cluster prepare-data' splits its work into Slurm jobs."""
+    train: TrainConfig = TrainConfig()
+    """How this system runs the training job: model, batch sizes, evaluation, checkpoints, parallelism."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "SystemConfig":

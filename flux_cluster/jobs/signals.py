@@ -24,26 +24,33 @@ INTERRUPTED_EXIT_CODE = 75
 
 
 class StopRequest:
-    """Set by SIGUSR1; the job polls ``requested`` at points where all ranks can agree to stop."""
+    """Set by SIGUSR1 (the time-limit warning: checkpoint and requeue) or, when installed for it, SIGTERM
+    (cancel or preemption: checkpoint and exit; Slurm requeues preempted jobs itself). The job polls
+    ``requested`` at points where all ranks can agree to stop."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_sigterm: bool = False) -> None:
         self.requested = False
+        self.requeue = False
+        """True when SIGUSR1 asked for the stop: the job script should requeue the job."""
+        self._signals = [signal.SIGUSR1, *([signal.SIGTERM] if on_sigterm else [])]
 
     def _handle(self, signum: int, frame: object) -> None:
         self.requested = True
+        self.requeue = self.requeue or signum == signal.SIGUSR1
 
     def install(self) -> "StopRequest":
-        signal.signal(signal.SIGUSR1, self._handle)
+        for signum in self._signals:
+            signal.signal(signum, self._handle)
         pid_dir = os.environ.get(PID_DIR_ENV)
         if pid_dir:
             write_atomic(Path(pid_dir) / f"{os.getpid()}.pid", f"{os.getpid()}\n")
         return self
 
 
-def finish_interrupted(rank: int) -> int:
+def finish_interrupted(rank: int, requeue: bool = True) -> int:
     """After the checkpoint: ask the job script to requeue (rank 0) and return this rank's exit code."""
     marker = os.environ.get(MARKER_ENV)
-    if marker is None:
+    if marker is None or not requeue:
         return INTERRUPTED_EXIT_CODE
     if rank == 0:
         write_atomic(Path(marker), f"{os.environ.get('SLURM_JOB_ID', '')}\n")

@@ -42,6 +42,10 @@ run_experiment() {
     begin_experiment "$1"
     python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 \
         -m flux_cluster.train --config "$CONFIG"
+    python3 -m mlperf_logging.compliance_checker --usage training --ruleset 6.1.0 \
+        --log_output "$RESULTS_DIR/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" \
+        || { log "error: ${FLUX_RESULT_LOG} failed the MLPerf compliance check"; exit 1; }
+    log "${FLUX_RESULT_LOG} passed the MLPerf 6.1.0 compliance check"
     end_experiment
 }
 

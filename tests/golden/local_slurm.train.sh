@@ -100,6 +100,9 @@ run_experiment() {
         exit 0
     fi
     (( rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${rc}"; return "$rc"; }
+    on_one python3 -m mlperf_logging.compliance_checker --usage training --ruleset 6.1.0 \
+        --log_output "$RESULTS_DIR/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" \
+        || log "warning: ${FLUX_RESULT_LOG} failed the MLPerf compliance check"
     end_experiment
 }
 

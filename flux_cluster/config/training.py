@@ -1,0 +1,102 @@
+"""The ``train`` section of a system config: how this system runs the training workload.
+
+Every field left at None takes its value from the workload file (``configs/benchmarks/<benchmark>.yaml``):
+the learning rate and warmup from the preset of the global batch size, the eval interval from MLPerf's
+262,144 samples. ``flux_cluster.training.workload`` resolves the section into a concrete plan at submit
+time, and that plan is what the ranks read.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+ModelPresetName = Literal["flux-schnell", "small", "tiny"]
+TrainMode = Literal["pretrain", "finetune", "lora"]
+ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
+
+
+class SyntheticDataConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    train: int = Field(default=4096, ge=1)
+    """Train samples to generate."""
+    val: int = Field(default=512, ge=8)
+    """Val samples to generate (timesteps 0..7 in turn)."""
+    dims: Literal["tiny", "real"] = "tiny"
+    """Tensor shapes: 'tiny' for the tiny model, 'real' for the MLPerf shapes."""
+    seed: int = 0
+    """Seed of the synthetic data."""
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    benchmark: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")] = "flux1"
+    """Workload file: configs/benchmarks/<benchmark>.yaml (model shapes, batch-size presets, MLPerf facts)."""
+    model: ModelPresetName = "flux-schnell"
+    """Model shape preset: 'flux-schnell' (11.9B, the benchmark), 'small' (~0.2B), 'tiny' (tests, CPU)."""
+    mode: TrainMode = "pretrain"
+    """'pretrain' from random init (the benchmark), 'finetune' all weights of pretrained_path, 'lora' adapters
+    on a frozen pretrained_path."""
+    pretrained_path: str | None = None
+    """Local diffusers checkpoint (a folder with config.json and safetensors, or a pipeline folder with a
+    transformer/ subfolder) for finetune and lora. Model hubs are not contacted."""
+    global_batch_size: int = Field(default=512, ge=1)
+    """Samples per optimizer step across all ranks (MLPerf's global_batch_size)."""
+    micro_batch_size: int = Field(default=16, ge=1)
+    """Samples per rank per forward/backward; the rest of the global batch is gradient accumulation."""
+    learning_rate: float | None = Field(default=None, gt=0)
+    """Peak AdamW learning rate; None takes the preset of global_batch_size."""
+    warmup_steps: int | None = Field(default=None, ge=0)
+    """Linear warmup steps, constant afterwards; None takes the preset of global_batch_size."""
+    eval_every_steps: int | None = Field(default=None, ge=1)
+    """Steps between evaluations; None is MLPerf's ceil(262144 / global_batch_size)."""
+    eval_batch_size: int | None = Field(default=None, ge=1)
+    """Val samples per rank per forward; None uses micro_batch_size."""
+    target: float = Field(default=0.586, gt=0)
+    """Stop when the validation loss is at or below this (MLPerf flux1: 0.586)."""
+    max_samples: int | None = Field(default=None, ge=1)
+    """Give up (run_stop status 'aborted') after this many training samples; None: the workload's limit."""
+    log_every_steps: int = Field(default=10, ge=1)
+    """Steps between progress lines and TensorBoard scalars."""
+    checkpoint_every_steps: int = Field(default=0, ge=0)
+    """Steps between periodic checkpoints; 0 checkpoints only on SIGUSR1/SIGTERM (MLPerf runs do not stop)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Complete checkpoints kept per repeat; older ones are deleted after a new one is committed."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go; None: <run dir>/checkpoints (a shared file system on clusters)."""
+    activation_checkpointing: bool = True
+    """Recompute each block's activations in the backward pass (the reference does, for memory)."""
+    compile: bool = False
+    """torch.compile each transformer block."""
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Dtype of the parameters in compute (FSDP's mixed precision); master weights and gradient reduction
+    stay float32."""
+    dp_shard: int | None = Field(default=None, ge=1)
+    """Ranks that shard one copy of the model; the copies replicate across the rest (HSDP). None: the GPUs
+    of one node, so replicas span nodes; set it to the world size for plain FSDP."""
+    loader_workers: int = Field(default=4, ge=0, le=64)
+    """Energon loader worker processes per rank (0: load in the training process)."""
+    cfg_dropout: float = Field(default=0.1, ge=0, le=1)
+    """Probability that a train sample's caption encodings are replaced by the empty ones."""
+    lora_rank: int = Field(default=16, ge=1)
+    """LoRA rank (mode 'lora')."""
+    lora_alpha: float = Field(default=16.0, gt=0)
+    """LoRA alpha; the adapter output is scaled by alpha / rank."""
+    lora_targets: list[ModuleName] = ["to_q", "to_k", "to_v", "to_out.0"]
+    """Module names that get adapters (peft target_modules)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to <run dir>/tensorboard/."""
+    synthetic_data: SyntheticDataConfig | None = None
+    """Generate this synthetic dataset when paths.data_root is unset (into the user cache) or empty."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        if self.mode != "pretrain" and not self.pretrained_path:
+            raise ValueError(f"mode {self.mode!r} needs train.pretrained_path (a local diffusers checkpoint)")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"global_batch_size {self.global_batch_size} is not a multiple of "
+                f"micro_batch_size {self.micro_batch_size}"
+            )
+        return self

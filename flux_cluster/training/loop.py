@@ -1,0 +1,484 @@
+"""The flux1 training loop, top to bottom: set-up, resume, train in blocks between evaluations, stop at the
+quality target, checkpoint on signals. ``python -m flux_cluster.train`` calls ``train`` on every rank.
+
+One step: every rank takes micro-batches from its Energon loader (CFG dropout applied there), samples
+latents and noise from its own generator, and regresses the rectified-flow velocity; gradients are
+averaged by FSDP across all ranks, clipped to norm 1.0, and AdamW steps with linear warmup. Every
+``eval_every_steps`` the MLPerf validation loss is computed over all of val; at or below the target
+the run stops with status success.
+"""
+
+import json
+import math
+import resource
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from mlperf_logging.mllog import constants as c
+
+from data_prep.loader import train_loader, val_loader
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.jobs.signals import StopRequest, finish_interrupted
+from flux_cluster.training.checkpoint import Checkpointer
+from flux_cluster.training.flops import training_flops_per_sample
+from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM, MlperfLog, RunFacts
+from flux_cluster.training.model import (
+    add_lora,
+    build_model,
+    lora_metadata,
+    lora_state_dict,
+    predict_velocity,
+    save_lora,
+)
+from flux_cluster.training.parallelize import make_mesh, parallelize
+from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
+from flux_cluster.training.workload import TrainingPlan
+
+NOT_CONVERGED_EXIT_CODE = 3
+"""Exit code of a pretraining run whose sample budget ran out before the target (run_stop 'aborted').
+Fine-tuning runs train for their budget and end normally there."""
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """One repeat of the job, as the job script describes it (run dir, repeat index, seed, log path)."""
+
+    system: SystemConfig
+    plan: TrainingPlan
+    run_dir: Path
+    data_dir: Path
+    exp_index: int
+    seed: int
+    result_log: Path
+    cache_cleared: bool
+    config_filename: str
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        base = (
+            Path(self.plan.train.checkpoint_dir)
+            if self.plan.train.checkpoint_dir
+            else self.run_dir / "checkpoints"
+        )
+        return base / f"exp_{self.exp_index}"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.run_dir / "results" / f"metrics_{self.exp_index}.jsonl"
+
+
+@dataclass
+class Progress:
+    """What a checkpoint restores besides weights: where the run is and what it has seen."""
+
+    step: int = 0
+    samples: int = 0
+    evals: list[tuple[int, float]] | None = None
+    """(samples, validation loss) of every evaluation so far."""
+    attempt: int = 0
+    """How many times this repeat was started (0: the first)."""
+
+
+def train(ctx: JobContext) -> int:
+    """Run one repeat on this rank; returns the process exit code."""
+    cfg, plan = ctx.plan.train, ctx.plan
+    info = init_distributed(ctx.system.dist_backend)
+    # Before the loader forks workers, so they inherit the handlers; only SIGUSR1 asks for a requeue.
+    stop = StopRequest(on_sigterm=True).install()
+    rank0 = info.rank == 0
+    checkpoints = Checkpointer(
+        ctx.checkpoint_dir, cfg.keep_checkpoints, info.rank, info.world_size, frozen_base=cfg.mode == "lora"
+    )
+    resume_from = checkpoints.latest()
+    if rank0 and resume_from is not None:
+        _set_aside_interrupted_log(ctx.result_log)
+    mllog = MlperfLog(ctx.result_log, enabled=rank0, echo=False)
+    mllog.header(_run_facts(ctx), ctx.system.mlperf.ruleset, ctx.cache_cleared)
+    mllog.event("target_accuracy", value=cfg.target)  # no constant for it
+
+    # ---- model, sharding, optimizer, data
+    dtype = getattr(torch, cfg.param_dtype)
+    torch.manual_seed(ctx.seed)  # the same initial weights on every rank
+    model = build_model(plan.model_args, cfg.pretrained_path if cfg.mode != "pretrain" else None)
+    if cfg.mode == "lora":
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+    mesh = make_mesh(info.device, plan.dp_replicate, plan.dp_shard)
+    parallelize(
+        model,
+        mesh,
+        info.device,
+        param_dtype=dtype,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compile_blocks=cfg.compile,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=plan.learning_rate,
+        betas=(ADAMW["beta_1"], ADAMW["beta_2"]),
+        eps=ADAMW["epsilon"],
+        weight_decay=ADAMW["weight_decay"],
+        # Multi-tensor kernels: far fewer (DTensor) dispatches than one update per parameter.
+        **({"fused": True} if info.device.type == "cuda" else {"foreach": True}),
+    )
+    warmup = plan.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+    )
+    loader = train_loader(
+        ctx.data_dir,
+        batch_size=cfg.micro_batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=ctx.seed,
+        num_workers=cfg.loader_workers,
+        cfg_dropout=cfg.cfg_dropout,
+    )
+    # Each rank draws its own latents, noise and times (a distinct seed per data-parallel rank).
+    generator = torch.Generator(info.device).manual_seed(ctx.seed * 100_003 + info.rank)
+
+    progress = Progress(evals=[])
+    if resume_from is not None:
+        shared, mine = checkpoints.load(resume_from, model, optimizer)
+        scheduler.load_state_dict(shared["scheduler"])
+        progress = Progress(
+            shared["step"], shared["samples"], [tuple(e) for e in shared["evals"]], shared["attempt"] + 1
+        )
+        generator.set_state(mine["generator"])
+        torch.set_rng_state(mine["torch_rng"])
+        loader.restore_state_rank(mine["loader"])
+        mllog.event("resumed_from_checkpoint", value=progress.samples, metadata={"step": progress.step})
+        _say(rank0, f"resumed from {resume_from} at step {progress.step} ({progress.samples:,} samples)")
+
+    flops_per_sample = training_flops_per_sample(plan.model_args.shape(), *_token_counts(ctx.data_dir))
+    meter = _Meter(ctx, info, flops_per_sample)
+    tensorboard = _tensorboard(ctx) if rank0 and cfg.tensorboard else None
+    _say(
+        rank0,
+        f"{plan.train.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+        f"{len(params)} trainable tensors), {info.world_size} ranks "
+        f"({plan.dp_replicate} x {plan.dp_shard} HSDP), global batch {cfg.global_batch_size} = "
+        f"{cfg.micro_batch_size} x {info.world_size} x {plan.grad_accum_steps}, "
+        f"lr {plan.learning_rate:g}, warmup {warmup}, eval every {plan.eval_every_steps} steps",
+    )
+    mllog.end(c.INIT_STOP)
+    mllog.start(c.RUN_START)
+
+    # ---- train, in blocks of eval_every_steps, evaluating after each
+    batches = iter(loader)
+    model.train()
+    status = None
+    block_samples = plan.eval_every_steps * cfg.global_batch_size
+    in_block = False
+    while status is None:
+        if not in_block:  # also right after a resume in the middle of a block
+            mllog.start(c.BLOCK_START, metadata={"samples_count": block_samples, "step": progress.step})
+            in_block = True
+        loss, grad_norm = _train_step(model, optimizer, params, batches, generator, ctx, info, dtype)
+        scheduler.step()
+        progress.step += 1
+        progress.samples += cfg.global_batch_size
+        meter.record(progress, loss, grad_norm, scheduler.get_last_lr()[0], tensorboard)
+
+        if progress.step % plan.eval_every_steps == 0:
+            mllog.end(c.BLOCK_STOP, metadata={"samples_count": block_samples, "step": progress.step})
+            in_block = False
+            eval_loss = _evaluate(model, ctx, info, dtype, mllog, progress)
+            meter.record_eval(progress, eval_loss, tensorboard)
+            if eval_loss <= cfg.target:
+                status = "success"
+        if status is None and progress.samples >= plan.max_samples:
+            status = "aborted"
+        if status is None and _any_rank(stop.requested, info):
+            requeue = _any_rank(stop.requeue, info)
+            _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
+            mllog.run_stop(success=False, samples=progress.samples)
+            mllog.close()
+            _say(
+                rank0, f"stopped by a signal at step {progress.step}: checkpointed to {checkpoints.latest()}"
+            )
+            return finish_interrupted(info.rank, requeue=requeue)
+        if status is None and cfg.checkpoint_every_steps and progress.step % cfg.checkpoint_every_steps == 0:
+            _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
+
+    # ---- finish
+    mllog.run_stop(success=status == "success", samples=progress.samples)
+    mllog.close()
+    if cfg.mode != "pretrain":
+        _save_weights(model, ctx, info)
+    if tensorboard is not None:
+        tensorboard.close()
+    last = progress.evals[-1][1] if progress.evals else float("nan")
+    _say(rank0, f"run_stop {status}: validation loss {last:.4f} after {progress.samples:,} samples")
+    dist.destroy_process_group()
+    return NOT_CONVERGED_EXIT_CODE if status == "aborted" and cfg.mode == "pretrain" else 0
+
+
+def _train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    batches: Any,
+    generator: torch.Generator,
+    ctx: JobContext,
+    info: DistInfo,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over grad_accum_steps micro-batches; returns (mean loss, gradient norm)."""
+    accumulate = ctx.plan.grad_accum_steps
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=info.device)
+    for micro in range(accumulate):
+        batch = next(batches)
+        model.set_requires_gradient_sync(micro == accumulate - 1)  # type: ignore[operator]
+        mean, logvar = batch.mean.to(info.device), batch.logvar.to(info.device)
+        eps = torch.randn(mean.shape, generator=generator, device=info.device)
+        noise = torch.randn(mean.shape, generator=generator, device=info.device)
+        t = torch.rand(mean.shape[0], generator=generator, device=info.device)
+        x_t, target = interpolate(sample_latents(mean, logvar, eps), noise, t)
+        prediction = predict_velocity(
+            model, x_t, t, batch.t5.to(info.device), batch.clip.to(info.device), dtype
+        )
+        loss = F.mse_loss(prediction.float(), target)
+        (loss / accumulate).backward()
+        total += loss.detach() / accumulate
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, GRADIENT_CLIP_NORM)
+    optimizer.step()
+    return total, grad_norm
+
+
+def _evaluate(
+    model: torch.nn.Module,
+    ctx: JobContext,
+    info: DistInfo,
+    dtype: torch.dtype,
+    mllog: MlperfLog,
+    progress: Progress,
+) -> float:
+    """The MLPerf validation loss over all of val, logged as eval_accuracy."""
+    meta = {"samples_count": progress.samples, "step": progress.step}
+    mllog.start(c.EVAL_START, metadata=meta)
+    model.eval()
+    batches = val_loader(
+        ctx.data_dir,
+        batch_size=ctx.plan.train.eval_batch_size or ctx.plan.train.micro_batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+    loss, _ = validation_loss(
+        lambda x_t, t, t5, clip: predict_velocity(model, x_t, t, t5, clip, dtype), batches, info.device
+    )
+    model.train()
+    mllog.eval_accuracy(loss, progress.samples)
+    mllog.end(c.EVAL_STOP, metadata=meta)
+    assert progress.evals is not None
+    progress.evals.append((progress.samples, loss))
+    return loss
+
+
+def _save(
+    checkpoints: Checkpointer,
+    progress: Progress,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+    loader: Any,
+) -> None:
+    shared = {
+        "samples": progress.samples,
+        "evals": progress.evals,
+        "attempt": progress.attempt,
+        "scheduler": scheduler.state_dict(),
+    }
+    mine = {
+        "generator": generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "loader": loader.save_state_rank(),
+    }
+    checkpoints.save(progress.step, model, optimizer, shared, mine)
+
+
+def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo) -> None:
+    """Fine-tuning output: the LoRA adapter (diffusers format), or the full transformer (save_pretrained)."""
+    out = ctx.run_dir / "results" / f"weights_{ctx.exp_index}"
+    partial = out.with_name(out.name + ".partial")
+    if ctx.plan.train.mode == "lora":
+        state = lora_state_dict(model)
+        if info.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            path = save_lora(state, lora_metadata(model), partial)
+            _commit(partial, out)
+            _say(True, f"LoRA adapter: {out / path.name}")
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if info.rank == 0:
+        plain = build_model(ctx.plan.model_args)
+        plain.load_state_dict(full)
+        shutil.rmtree(partial, ignore_errors=True)
+        plain.save_pretrained(partial)
+        _commit(partial, out)
+        _say(True, f"fine-tuned transformer: {out}")
+
+
+def _commit(partial: Path, final: Path) -> None:
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+
+
+def _set_aside_interrupted_log(result_log: Path) -> None:
+    """A resumed repeat starts a new result log; the interrupted one (run_stop 'aborted') moves aside."""
+    if not result_log.exists():
+        return
+    folder = result_log.parent / "interrupted"
+    folder.mkdir(exist_ok=True)
+    attempt = len(list(folder.glob(f"{result_log.stem}.attempt*.txt")))
+    result_log.rename(folder / f"{result_log.stem}.attempt{attempt}.txt")
+
+
+def _run_facts(ctx: JobContext) -> RunFacts:
+    cfg, system = ctx.plan.train, ctx.system
+    return RunFacts(
+        submission_org=system.mlperf.submission_org,
+        submission_platform=system.name,
+        global_batch_size=cfg.global_batch_size,
+        micro_batch_size=cfg.micro_batch_size,
+        learning_rate=ctx.plan.learning_rate,
+        warmup_steps=ctx.plan.warmup_steps,
+        train_samples=_split_size(ctx.data_dir, "train") or ctx.plan.mlperf.train_samples,
+        eval_samples=_split_size(ctx.data_dir, "val") or ctx.plan.mlperf.eval_samples,
+        config_filename=ctx.config_filename,
+        division="closed" if cfg.mode == "pretrain" else "open",
+        gradient_accumulation_steps=ctx.plan.grad_accum_steps,
+        precision_linear="bfloat16" if cfg.param_dtype == "bfloat16" else "fp32",
+        precision_attn="bfloat16" if cfg.param_dtype == "bfloat16" else "fp32",
+        precision_comm="bfloat16" if cfg.param_dtype == "bfloat16" else "fp32",
+        seed=ctx.seed,
+    )
+
+
+def _split_size(root: Path, split: str) -> int | None:
+    """Samples in a split, from Energon's metadata (.nv-meta/.info.json)."""
+    try:
+        counts = json.loads((root / ".nv-meta" / ".info.json").read_text())["shard_counts"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return sum(n for name, n in counts.items() if name.startswith(f"{split}/")) or None
+
+
+def _token_counts(root: Path) -> tuple[int, int]:
+    """(image tokens, text tokens) of this dataset, from one val sample's shapes."""
+    batch = next(iter(val_loader(root, batch_size=1, rank=0, world_size=1)))
+    height, width = batch.mean.shape[-2:]
+    return (height // 2) * (width // 2), batch.t5.shape[1]
+
+
+def _any_rank(flag: bool, info: DistInfo) -> bool:
+    value = torch.tensor([int(flag)], device=info.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _say(enabled: bool, message: str) -> None:
+    if enabled:
+        print(f"[train] {message}", flush=True)
+
+
+def _tensorboard(ctx: JobContext) -> Any:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(ctx.run_dir / "tensorboard" / f"exp_{ctx.exp_index}"))
+
+
+class _Meter:
+    """Progress lines every log_every_steps (rank 0), TensorBoard scalars and the metrics file."""
+
+    def __init__(self, ctx: JobContext, info: DistInfo, flops_per_sample: float) -> None:
+        self.ctx, self.info, self.flops_per_sample = ctx, info, flops_per_sample
+        self.peak_tflops = ctx.system.peak_bf16_tflops
+        self.window_start = time.perf_counter()
+        self.window_steps = 0
+        self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
+        if info.rank == 0:
+            ctx.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.info.rank == 0:
+            with self.ctx.metrics_file.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+
+    def record(
+        self, progress: Progress, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, tb: Any
+    ) -> None:
+        self.window_steps += 1
+        self.window_loss += loss.double()
+        self._write(
+            {
+                "step": progress.step,
+                "samples": progress.samples,
+                "loss": loss.item(),
+                "grad_norm": float(grad_norm),
+                "lr": lr,
+            }
+        )
+        if progress.step % self.ctx.plan.train.log_every_steps:
+            return
+        mean_loss = self.window_loss.clone()
+        dist.all_reduce(mean_loss)
+        mean_loss = mean_loss.item() / self.window_steps / self.info.world_size
+        if self.info.device.type == "cuda":
+            torch.cuda.synchronize(self.info.device)
+        elapsed = time.perf_counter() - self.window_start
+        step_time = elapsed / self.window_steps
+        samples_per_s = self.ctx.plan.train.global_batch_size / step_time
+        tflops = self.flops_per_sample * samples_per_s / self.info.world_size / 1e12
+        mfu = tflops / self.peak_tflops if self.peak_tflops else math.nan
+        memory = _peak_memory_gb(self.info.device)
+        if self.info.rank == 0:
+            print(
+                f"step {progress.step:>6} | samples {progress.samples:>11,} | loss {mean_loss:.4f} | "
+                f"{samples_per_s:8.1f} samples/s | step {step_time * 1000:7.1f} ms | "
+                f"{tflops:7.2f} TFLOP/s/GPU | MFU {mfu:6.1%} | lr {lr:.3g} | peak mem {memory:.2f} GB",
+                flush=True,
+            )
+        if tb is not None:
+            for name, value in (
+                ("train/loss", mean_loss),
+                ("train/samples_per_s", samples_per_s),
+                ("train/tflops_per_gpu", tflops),
+                ("train/mfu", mfu),
+                ("train/lr", lr),
+                ("train/grad_norm", float(grad_norm)),
+                ("train/peak_memory_gb", memory),
+            ):
+                tb.add_scalar(name, value, progress.samples)
+        self.window_start, self.window_steps = time.perf_counter(), 0
+        self.window_loss.zero_()
+
+    def record_eval(self, progress: Progress, loss: float, tb: Any) -> None:
+        self._write({"step": progress.step, "samples": progress.samples, "eval_loss": loss})
+        if self.info.rank == 0:
+            print(
+                f"eval  {progress.step:>6} | samples {progress.samples:>11,} | validation loss {loss:.4f}",
+                flush=True,
+            )
+        if tb is not None:
+            tb.add_scalar("eval/loss", loss, progress.samples)
+            tb.flush()
+        self.window_start = time.perf_counter()  # eval time is not training throughput
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB: process peak RSS

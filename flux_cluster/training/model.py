@@ -1,0 +1,155 @@
+"""The FLUX transformer (diffusers ``FluxTransformer2DModel``): building it, feeding it, LoRA adapters.
+
+Latents [B, 16, H, W] are packed 2x2 into H/2 * W/2 tokens of 64 channels, as FLUX does; image tokens
+carry (0, row, column) position ids, text tokens zeros. diffusers scales the timestep t in [0, 1] by 1000.
+"""
+
+from pathlib import Path
+
+import torch
+from diffusers import FluxTransformer2DModel
+
+from flux_cluster.training.workload import ModelArgs
+
+META_INIT_PARAMS = 2_000_000_000
+"""Models larger than this are created on the meta device and initialised after sharding, so no rank
+ever holds a full copy (flux-schnell: 11.9B parameters, 48 GB in float32)."""
+
+
+def build_model(
+    args: ModelArgs, pretrained_path: str | None = None, meta_init: bool | None = None
+) -> FluxTransformer2DModel:
+    """Random init (the benchmark) or weights from a local diffusers folder (fine-tuning). Small random
+    models are built on the CPU with the current RNG, so every rank builds identical weights; large ones
+    on the meta device (call ``init_weights`` after ``to_empty``); ``meta_init`` forces either way."""
+    if pretrained_path:
+        return load_pretrained(Path(pretrained_path))
+    kwargs = args.model_dump()
+    with torch.device("meta"):
+        model = FluxTransformer2DModel(**kwargs)
+    if not (meta_init if meta_init is not None else parameter_count(model) > META_INIT_PARAMS):
+        model = FluxTransformer2DModel(**kwargs)
+    return model
+
+
+def load_pretrained(path: Path) -> FluxTransformer2DModel:
+    """The real loading path of a diffusers checkpoint: a transformer folder or a pipeline folder."""
+    subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
+    if not (path / (subfolder or "") / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no diffusers config.json (or transformer/config.json) there")
+    return FluxTransformer2DModel.from_pretrained(
+        path, subfolder=subfolder, torch_dtype=torch.float32, local_files_only=True
+    )
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def is_on_meta(model: torch.nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+@torch.no_grad()
+def init_weights(model: torch.nn.Module) -> None:
+    """Initialise materialised (``to_empty``) weights the way their modules' constructors do: FLUX holds
+    only Linear and RMSNorm parameters, both of which can reset themselves."""
+    for module in model.modules():
+        if list(module.parameters(recurse=False)):
+            reset = getattr(module, "reset_parameters", None)
+            if reset is None:
+                raise TypeError(f"{type(module).__name__} has parameters but no reset_parameters()")
+            reset()
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] -> [B, H/2 * W/2, C * 4]."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, channels: int, height: int, width: int) -> torch.Tensor:
+    """The inverse of pack_latents."""
+    b = tokens.shape[0]
+    x = tokens.view(b, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, channels, height, width)
+
+
+def position_ids(height: int, width: int, text_tokens: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(img_ids [H/2 * W/2, 3], txt_ids [S, 3]) for the rotary embeddings."""
+    rows = torch.arange(height // 2, device=device).repeat_interleave(width // 2)
+    cols = torch.arange(width // 2, device=device).repeat(height // 2)
+    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=1).float()
+    return img_ids, torch.zeros(text_tokens, 3, device=device)
+
+
+def predict_velocity(
+    model: torch.nn.Module,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    t5: torch.Tensor,
+    clip: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The model's velocity prediction for latents x_t [B, C, H, W] at times t [B], as [B, C, H, W]."""
+    _, c, h, w = x_t.shape
+    img_ids, txt_ids = position_ids(h, w, t5.shape[1], x_t.device)
+    out = model(
+        hidden_states=pack_latents(x_t).to(dtype),
+        encoder_hidden_states=t5.to(dtype),
+        pooled_projections=clip.to(dtype),
+        timestep=t.to(dtype),
+        img_ids=img_ids,
+        txt_ids=txt_ids,
+        return_dict=False,
+    )[0]
+    return unpack_latents(out, c, h, w)
+
+
+# ---- LoRA (peft): adapters on a frozen base, saved in diffusers' LoRA format.
+
+LORA_FILE = "pytorch_lora_weights.safetensors"
+
+
+def add_lora(model: FluxTransformer2DModel, rank: int, alpha: float, targets: list[str]) -> None:
+    """Adapters on the target modules; every other parameter is frozen."""
+    from peft import LoraConfig
+
+    model.requires_grad_(False)
+    model.add_adapter(
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights="gaussian")
+    )
+
+
+def lora_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights in diffusers' key format, gathered from FSDP shards (a collective: every rank
+    calls it; only values on rank 0 matter)."""
+    from peft.utils import get_peft_model_state_dict
+
+    full = {}
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            value = param.full_tensor() if hasattr(param, "full_tensor") else param
+            full[name] = value.detach().to("cpu", torch.float32).contiguous()
+    return get_peft_model_state_dict(model, state_dict=full)
+
+
+def lora_metadata(model: torch.nn.Module) -> dict:
+    """The adapter's LoraConfig (rank, alpha, targets), stored in the file so loaders scale it right."""
+    return model.peft_config["default"].to_dict()  # type: ignore[index, union-attr, operator]
+
+
+def save_lora(state_dict: dict[str, torch.Tensor], metadata: dict, folder: Path) -> Path:
+    """Write the adapter as FluxPipeline.load_lora_weights reads it (keys 'transformer.<module>...')."""
+    from diffusers.loaders.lora_pipeline import FluxLoraLoaderMixin
+
+    folder.mkdir(parents=True, exist_ok=True)
+    FluxLoraLoaderMixin.save_lora_weights(
+        folder,
+        transformer_lora_layers=state_dict,
+        transformer_lora_adapter_metadata=metadata,
+        weight_name=LORA_FILE,
+        safe_serialization=True,
+    )
+    return folder / LORA_FILE

@@ -1,0 +1,162 @@
+"""Resolve a system's ``train`` section against its workload file into the plan every rank runs.
+
+Resolution happens once, at submit time, so a bad combination (no preset for the batch size, a batch
+that does not split over the ranks) is a one-line error before anything is queued. No torch here.
+"""
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.config.training import TrainConfig
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.resources import benchmarks_dir
+from flux_cluster.training.flops import ModelShape
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MlperfFacts(_Strict):
+    eval_interval_samples: int = Field(ge=1)
+    quality_target: float = Field(gt=0)
+    train_samples: int = Field(ge=1)
+    eval_samples: int = Field(ge=1)
+    max_samples: int = Field(ge=1)
+
+
+class BatchPreset(_Strict):
+    learning_rate: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+
+
+class ModelArgs(_Strict):
+    """The FluxTransformer2DModel arguments a preset sets (the rest keep diffusers' defaults)."""
+
+    num_layers: int = Field(ge=0)
+    num_single_layers: int = Field(ge=0)
+    attention_head_dim: int = Field(ge=2)
+    num_attention_heads: int = Field(ge=1)
+    joint_attention_dim: int = Field(ge=1)
+    pooled_projection_dim: int = Field(ge=1)
+    axes_dims_rope: tuple[int, int, int]
+    in_channels: int = 64
+
+    @property
+    def hidden(self) -> int:
+        return self.attention_head_dim * self.num_attention_heads
+
+    def shape(self) -> ModelShape:
+        return ModelShape(
+            hidden=self.hidden,
+            double_blocks=self.num_layers,
+            single_blocks=self.num_single_layers,
+            in_channels=self.in_channels,
+            text_dim=self.joint_attention_dim,
+            pooled_dim=self.pooled_projection_dim,
+        )
+
+
+class Workload(_Strict):
+    mlperf: MlperfFacts
+    batch_presets: dict[int, BatchPreset]
+    models: dict[str, ModelArgs]
+
+
+class TrainingPlan(_Strict):
+    """Everything the ranks need beyond the system config, fully resolved."""
+
+    train: TrainConfig
+    """The system's train section with every None filled in."""
+    model_args: ModelArgs
+    mlperf: MlperfFacts
+    world_size: int
+    dp_shard: int
+    dp_replicate: int
+    grad_accum_steps: int
+    workload_file: str
+
+    @property
+    def learning_rate(self) -> float:
+        assert self.train.learning_rate is not None
+        return self.train.learning_rate
+
+    @property
+    def warmup_steps(self) -> int:
+        assert self.train.warmup_steps is not None
+        return self.train.warmup_steps
+
+    @property
+    def eval_every_steps(self) -> int:
+        assert self.train.eval_every_steps is not None
+        return self.train.eval_every_steps
+
+    @property
+    def max_samples(self) -> int:
+        assert self.train.max_samples is not None
+        return self.train.max_samples
+
+
+def load_workload(name: str) -> tuple[Workload, Path]:
+    path = benchmarks_dir() / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in benchmarks_dir().glob("*.yaml")))
+        raise FluxClusterError(f"train.benchmark: no workload file {path} (known: {known})")
+    try:
+        return Workload.model_validate(yaml.safe_load(path.read_text())), path
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(p) for p in error["loc"])
+        raise FluxClusterError(f"{path}: {key}: {error['msg']}") from None
+
+
+def _with(config: TrainConfig, **values: Any) -> TrainConfig:
+    return config.model_copy(update={k: v for k, v in values.items() if getattr(config, k) is None})
+
+
+def resolve_training(system: SystemConfig) -> TrainingPlan:
+    """The system's train section filled from its workload file and checked against its ranks."""
+    train = system.train
+    workload, path = load_workload(train.benchmark)
+    world = system.nodes * system.gpus_per_node
+    gbs, mbs = train.global_batch_size, train.micro_batch_size
+    if gbs % (mbs * world):
+        raise FluxClusterError(
+            f"train.global_batch_size: {gbs} does not split over {world} ranks x micro_batch_size {mbs}; "
+            f"expected a multiple of {mbs * world}"
+        )
+    preset = workload.batch_presets.get(gbs)
+    if preset is None and (train.learning_rate is None or train.warmup_steps is None):
+        sizes = ", ".join(map(str, sorted(workload.batch_presets)))
+        raise FluxClusterError(
+            f"train.global_batch_size: no preset for {gbs} in {path.name} (presets: {sizes}); "
+            "set train.learning_rate and train.warmup_steps"
+        )
+    if train.model not in workload.models:
+        raise FluxClusterError(f"train.model: {train.model!r} is not a model of {path.name}")
+    dp_shard = train.dp_shard or system.gpus_per_node
+    if world % dp_shard:
+        raise FluxClusterError(f"train.dp_shard: {dp_shard} does not divide the {world} ranks")
+    filled = _with(
+        train,
+        learning_rate=preset.learning_rate if preset else None,
+        warmup_steps=preset.warmup_steps if preset else None,
+        eval_every_steps=math.ceil(workload.mlperf.eval_interval_samples / gbs),
+        eval_batch_size=mbs,
+        max_samples=workload.mlperf.max_samples,
+    )
+    return TrainingPlan(
+        train=filled,
+        model_args=workload.models[train.model],
+        mlperf=workload.mlperf,
+        world_size=world,
+        dp_shard=dp_shard,
+        dp_replicate=world // dp_shard,
+        grad_accum_steps=gbs // (mbs * world),
+        workload_file=path.name,
+    )

@@ -1,0 +1,76 @@
+"""The train section and the workload file: presets by batch size, checks at submit time, the run's plan."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flux_cluster.cli import app
+from flux_cluster.config import load_system
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.rundir import list_runs, read_run_config
+from flux_cluster.training.workload import TrainingPlan, resolve_training
+
+
+def plan_for(system: str, *sets: str) -> TrainingPlan:
+    return resolve_training(load_system(system, list(sets)).config)
+
+
+@pytest.mark.parametrize(
+    ("gbs", "lr", "warmup", "eval_every"),
+    [(512, 2e-4, 1600, 512), (1024, 2.5e-4, 800, 256), (2048, 2.5e-4, 0, 128), (4096, 4e-4, 100, 64)],
+)
+def test_batch_presets_carry_the_reference_lr_and_warmup(
+    gbs: int, lr: float, warmup: int, eval_every: int
+) -> None:
+    plan = plan_for("dgx_h100x8", "nodes=4", f"train.global_batch_size={gbs}")
+    assert (plan.learning_rate, plan.warmup_steps, plan.eval_every_steps) == (lr, warmup, eval_every)
+    assert plan.grad_accum_steps == gbs // (16 * 32)
+    assert (plan.dp_replicate, plan.dp_shard) == (4, 8)  # HSDP: replicate across nodes, shard within
+
+
+def test_explicit_values_win_over_the_preset() -> None:
+    plan = plan_for("dgx_h100x8", "train.learning_rate=1.9e-4", "train.warmup_steps=0", "train.dp_shard=8")
+    assert (plan.learning_rate, plan.warmup_steps) == (1.9e-4, 0)
+    assert plan.model_args.hidden == 3072 and plan.model_args.num_single_layers == 38
+
+
+def test_gb200_nvl72_uses_nvidias_2304_preset() -> None:
+    plan = plan_for("gb200_nvl72")
+    assert plan.train.global_batch_size % plan.world_size == 0
+    assert plan.learning_rate > 0
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["train.global_batch_size=768"], "no preset for 768"),
+        (["train.global_batch_size=528"], "does not split over 8 ranks"),
+        (["train.dp_shard=3"], "does not divide the 8 ranks"),
+    ],
+)
+def test_bad_combinations_are_one_line_errors_before_anything_is_submitted(
+    cli: CliRunner, workdir: Path, sets: list[str], message: str
+) -> None:
+    args = ["submit", "--system", "dgx_h100x8", "--dry-run"]
+    for item in sets:
+        args += ["--set", item]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert not list_runs(workdir / "runs")
+
+
+def test_lora_needs_a_pretrained_checkpoint() -> None:
+    with pytest.raises(FluxClusterError, match=r"mode 'lora' needs train.pretrained_path"):
+        load_system("local", ["train.mode=lora"])
+
+
+def test_the_run_config_holds_the_resolved_plan(cli: CliRunner, workdir: Path) -> None:
+    result = cli.invoke(app, ["submit", "--system", "dgx_h100x8", "--dry-run", "--set", "nodes=2"])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = list_runs(workdir / "runs")
+    system, job = read_run_config(run_dir / "config.yaml")
+    plan = TrainingPlan.model_validate(job["training"])
+    assert plan.world_size == 16 and plan.grad_accum_steps == 2 and plan.learning_rate == 2e-4
+    assert system.paths.data_root == "/lustre/mlperf/flux1/energon"
