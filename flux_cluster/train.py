@@ -8,6 +8,7 @@ flux_cluster/training/loop.py.
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -44,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         cache_cleared=env.get("FLUX_CACHE_CLEARED") == "1",
         config_filename=args.config.name,
     )
-    return train(context)
+    code = train(context)
+    # The run is over: a time-limit signal arriving now (during interpreter teardown, when Python's own
+    # handlers are gone) must not kill the rank and turn a finished run into a failed step.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":

@@ -113,5 +113,5 @@ def test_lora_trains_only_the_adapters_and_reloads_exactly(pretrained: Path, tmp
 
 
 def test_a_folder_without_a_diffusers_config_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no diffusers config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no diffusers config\.json"):
         M.load_pretrained(tmp_path)

@@ -3,6 +3,7 @@
 import json
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -256,3 +257,53 @@ def test_prepare_data_submit_refuses_bad_input_before_submitting(cli: CliRunner,
     )
     assert result.exit_code == 2 and "cc12m_preprocessed: missing" in result.output
     assert not Path("runs").exists() and not (workdir / "absent").exists()
+
+
+@pytest.fixture
+def data_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """local_slurm trains on synthetic data made on the submitting host: keep it in one test folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "slurm-data-cache"))
+
+
+def compliance(log: Path, ruleset: str, cwd: Path) -> str:
+    """The official checker's verdict on a result log ('SUCCESS' when compliant), with its messages."""
+    checker = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training"]
+    result = subprocess.run(
+        [*checker, "--ruleset", ruleset, str(log)], capture_output=True, text=True, cwd=cwd, check=False
+    )
+    verdict = "SUCCESS" if result.returncode == 0 else "FAILED"
+    return f"{verdict}\n{result.stdout[-1500:]}{result.stderr[-1500:]}"
+
+
+@pytest.mark.usefixtures("data_cache")
+def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, workdir: Path) -> None:
+    run_dir, record = launch(cli, "submit", "--wait", "--set", "mlperf.ruleset=5.1.0")
+    (job_id,) = record.job_ids
+    assert state(job_id) == "COMPLETED"
+    log = log_text(run_dir, job_id)
+    assert "2 ranks (1 x 1 HSDP)" not in log and "2 ranks (1 x 2 HSDP)" not in log
+    assert "2 ranks (2 x 1 HSDP)" in log  # one rank per node: replicas across the 2 nodes
+    assert "run_stop success" in log and "failed the MLPerf compliance check" not in log
+    verdict = compliance(run_dir / "results" / "result_0.txt", "5.1.0", workdir)
+    assert verdict.startswith("SUCCESS"), verdict
+    assert "SUCCESS" in (run_dir / "results" / "compliance_0.log").read_text()  # the job's own check
+
+
+@pytest.mark.usefixtures("data_cache")
+def test_training_with_a_short_walltime_checkpoints_requeues_and_finishes(
+    cli: CliRunner, workdir: Path
+) -> None:
+    """2 minutes of walltime with USR1 60 s before the end: the run needs ~3 attempts to reach the target."""
+    run_dir, record = launch(
+        cli, "submit", "--set", "slurm.walltime=2", "--set", "mlperf.ruleset=6.0.0",
+        "--set", "train.eval_every_steps=25",
+    )  # fmt: skip
+    (job_id,) = record.job_ids
+    poll(lambda: state(job_id) in slurm.FINAL_STATES, timeout_s=600, what="the training job to finish")
+    assert state(job_id) == "COMPLETED"
+    log = log_text(run_dir, job_id)
+    assert "requeueing job" in log and "resumed from" in log and "run_stop success" in log
+    interrupted = sorted((run_dir / "results" / "interrupted").glob("result_0.attempt*.txt"))
+    assert interrupted and all('"status": "aborted"' in p.read_text() for p in interrupted)
+    verdict = compliance(run_dir / "results" / "result_0.txt", "6.0.0", workdir)
+    assert verdict.startswith("SUCCESS"), verdict

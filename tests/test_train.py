@@ -1,0 +1,200 @@
+"""The training job on 2 CPU ranks (gloo) with the tiny model: the README's main command end to end,
+kill-and-resume determinism, and LoRA / full fine-tuning outputs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from data_prep.ensure import default_root, ensure_synthetic_root
+from data_prep.loader import val_loader
+from flux_cluster.cli import app
+from flux_cluster.config import load_system
+from flux_cluster.rundir import list_runs
+from flux_cluster.training import model as M
+from flux_cluster.training.mlperf_log import RULESETS
+from flux_cluster.training.rectified_flow import validation_loss
+from flux_cluster.training.workload import load_workload
+
+
+@pytest.fixture(scope="module", autouse=True)
+def synthetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One synthetic dataset for the module, where --system local looks for it."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    spec = load_system("local").config.train.synthetic_data
+    assert spec is not None
+    from rich.console import Console
+
+    yield ensure_synthetic_root(spec, default_root(spec), Console(quiet=True))
+    if previous is None:
+        os.environ.pop("XDG_CACHE_HOME")
+    else:
+        os.environ["XDG_CACHE_HOME"] = previous
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "results" / "metrics_0.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def check(log: Path, ruleset: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.compliance_checker",
+            "--usage",
+            "training",
+            "--ruleset",
+            ruleset,
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, workdir: Path) -> None:
+    result = cli.invoke(app, ["submit", "--system", "local", "--seed", "5"])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert "TFLOP/s/GPU" in result.output and "MFU" in result.output and "run_stop success" in result.output
+    (run_dir,) = list_runs(workdir / "runs")
+    rows = metrics(run_dir)
+    losses = [r["loss"] for r in rows if "loss" in r]
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert sum(losses[:10]) / 10 > 1.5 * sum(losses[-10:]) / 10, "the training loss must fall"
+    assert evals[-1] <= 0.586 < evals[0] and all(e > 0.586 for e in evals[:-1])
+    log = run_dir / "results" / "result_0.txt"
+    assert (run_dir / "results" / "compliance_0.log").is_file()  # the job script ran the checker
+    assert list((run_dir / "tensorboard" / "exp_0").glob("events.out.tfevents.*"))
+    for ruleset in RULESETS:  # GBS 16 divides 262,144: the same log satisfies every ruleset
+        outcome = check(log, ruleset, workdir)
+        assert outcome.returncode == 0, outcome.stdout[-2000:] + outcome.stderr[-2000:]
+    for key in ("eval_accuracy", "opt_base_learning_rate", "run_stop"):
+        broken = workdir / f"without_{key}.txt"
+        broken.write_text("".join(x for x in log.read_text().splitlines(True) if f'"key": "{key}"' not in x))
+        assert check(broken, "6.1.0", workdir).returncode != 0, key
+
+
+def prepared_run(cli: CliRunner, *sets: str) -> Path:
+    args = ["submit", "--system", "local", "--dry-run", "--seed", "9"]
+    for item in sets:
+        args += ["--set", item]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return list_runs(Path("runs"))[-1]
+
+
+def start_ranks(run_dir: Path, **env: str) -> subprocess.Popen[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    return subprocess.Popen(
+        [*launcher, "-m", "flux_cluster.train", "--config", str(run_dir / "config.yaml")],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "FLUX_RUN_DIR": str(run_dir), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> str:
+    """The ranks' output once they exit. torchrun turns every failing rank's exit code into 1, so the
+    outcome is read from the job's own last line."""
+    output, _ = process.communicate(timeout=300)
+    if "[train] run_stop" not in output and "[train] stopped by a signal" not in output:
+        pytest.fail(output[-3000:])
+    return output
+
+
+SHORT_RUN = (
+    "train.max_samples=960",  # 60 steps of 16
+    "train.eval_every_steps=20",
+    "train.target=0.01",  # out of reach: the run ends at its budget
+    "train.loader_workers=1",  # the loader state includes a worker's
+)
+
+
+def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losses(
+    cli: CliRunner, workdir: Path
+) -> None:
+    straight = prepared_run(cli, *SHORT_RUN)
+    assert "run_stop aborted" in finish(start_ranks(straight))  # pretraining that missed its target
+
+    interrupted = prepared_run(cli, *SHORT_RUN)
+    pids = workdir / "pids"
+    process = start_ranks(interrupted, FLUX_PID_DIR=str(pids))
+    metrics_file = interrupted / "results" / "metrics_0.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics_file.exists() or len(metrics(interrupted)) < 25):
+        time.sleep(0.1)
+    for pid_file in pids.glob("*.pid"):  # what Slurm's --signal=USR1@lead does: every rank gets it
+        os.kill(int(pid_file.read_text()), signal.SIGUSR1)
+    assert "stopped by a signal" in finish(process)
+    (checkpoint,) = (interrupted / "checkpoints" / "exp_0").glob("step_*")
+    stopped_at = int(checkpoint.name.removeprefix("step_"))
+    assert 25 <= stopped_at < 60
+    assert "resumed from" in finish(start_ranks(interrupted))
+
+    def by_step(run_dir: Path, field: str) -> dict[int, float]:
+        return {r["step"]: r[field] for r in metrics(run_dir) if field in r}
+
+    assert by_step(interrupted, "loss") == by_step(straight, "loss")  # bit for bit, all 60 steps
+    assert by_step(interrupted, "eval_loss") == by_step(straight, "eval_loss")
+    assert len(by_step(straight, "loss")) == 60
+    resumed_log = (interrupted / "results" / "result_0.txt").read_text()
+    assert '"key": "resumed_from_checkpoint"' in resumed_log and '"status": "aborted"' in resumed_log
+    first_attempt = interrupted / "results" / "interrupted" / "result_0.attempt0.txt"
+    assert f'"status": "aborted", "samples_count": {stopped_at * 16}' in first_attempt.read_text()
+
+
+@pytest.mark.parametrize("mode", ["lora", "finetune"])
+def test_fine_tuning_saves_weights_that_reproduce_the_last_evaluation(
+    cli: CliRunner, workdir: Path, mode: str, synthetic_cache: Path
+) -> None:
+    args = load_workload("flux1")[0].models["tiny"]
+    torch.manual_seed(1)
+    M.build_model(args).save_pretrained(workdir / "base")
+    run_dir = prepared_run(
+        cli,
+        f"train.mode={mode}",
+        f"train.pretrained_path={workdir / 'base'}",
+        "train.max_samples=320",
+        "train.eval_every_steps=20",
+        "train.learning_rate=1e-2",
+        "mlperf.check_compliance=false",
+    )
+    process = start_ranks(run_dir)
+    assert "run_stop aborted" in finish(process) and process.returncode == 0  # fine-tuning runs its budget
+    last_eval = [r["eval_loss"] for r in metrics(run_dir) if "eval_loss" in r][-1]
+    weights = run_dir / "results" / "weights_0"
+    if mode == "lora":
+        model = M.load_pretrained(workdir / "base")
+        model.load_lora_adapter(str(weights), weight_name=M.LORA_FILE, prefix="transformer")
+    else:
+        model = M.load_pretrained(weights)
+    batches = val_loader(synthetic_cache, batch_size=8, rank=0, world_size=1)
+    loss, _ = validation_loss(
+        lambda x, t, t5, clip: M.predict_velocity(model, x, t, t5, clip, torch.float32),
+        batches,
+        torch.device("cpu"),
+    )
+    assert loss == pytest.approx(last_eval, rel=1e-5)
+    untrained, _ = validation_loss(
+        lambda x, t, t5, clip: M.predict_velocity(
+            M.load_pretrained(workdir / "base"), x, t, t5, clip, torch.float32
+        ),
+        val_loader(synthetic_cache, batch_size=8, rank=0, world_size=1),
+        torch.device("cpu"),
+    )
+    assert loss < untrained  # the saved weights are the trained ones
