@@ -115,3 +115,20 @@ def test_lora_trains_only_the_adapters_and_reloads_exactly(pretrained: Path, tmp
 def test_a_folder_without_a_diffusers_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no diffusers config\.json"):
         M.load_pretrained(tmp_path)
+
+
+def test_the_throughput_benchmark_runs_on_cpu() -> None:
+    """benchmarks/train_throughput.py is GPU work; --smoke checks its code path (the job's own) on CPU."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "benchmarks" / "train_throughput.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("1", "False", "False"), ("1", "False", "True"), ("2", "False", "False"), ("2", "False", "True"),
+    ]  # fmt: skip
+    assert all(float(r[4]) > 0 for r in rows) and rows[0][-1] == "1.00x"
