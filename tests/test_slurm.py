@@ -293,11 +293,11 @@ def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, wo
 def test_training_with_a_short_walltime_checkpoints_requeues_and_finishes(
     cli: CliRunner, workdir: Path
 ) -> None:
-    """2 minutes of walltime with USR1 60 s before the end: the run needs 2-3 attempts to reach its target
-    (0.8 here, to keep the test short; the log's compliance is the 2-node test's business)."""
+    """2 minutes of walltime with USR1 60 s before the end: the tiny run needs ~100 s of training, so it
+    takes 2-3 attempts to reach the target."""
     run_dir, record = launch(
         cli, "submit", "--seed", "3", "--set", "slurm.walltime=2", "--set", "mlperf.ruleset=6.0.0",
-        "--set", "train.eval_every_steps=25", "--set", "train.target=0.8",
+        "--set", "train.eval_every_steps=25"
     )  # fmt: skip
     (job_id,) = record.job_ids
     poll(lambda: state(job_id) in slurm.FINAL_STATES, timeout_s=600, what="the training job to finish")
