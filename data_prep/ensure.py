@@ -22,12 +22,13 @@ def default_root(spec: SyntheticDataConfig) -> Path:
 
 
 def ensure_synthetic_root(spec: SyntheticDataConfig, root: Path, console: Console) -> Path:
-    """The Energon root at ``root``, generated (synth, convert, index, verify) unless already complete."""
+    """The Energon root at ``root``, generated (synth, convert, index, verify) unless already complete or
+    already holding a dataset that was not generated here."""
     from data_prep.stages import StagePaths, run_stage
     from data_prep.synthetic import synthesize
 
     wanted = spec.model_dump()
-    if _ready(root, wanted):
+    if _ready(root, wanted) or _foreign_dataset(root):
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     with (root.parent / ".flux-cluster.lock").open("w") as lock:
@@ -45,6 +46,11 @@ def ensure_synthetic_root(spec: SyntheticDataConfig, root: Path, console: Consol
                 raise FluxClusterError(f"{root}: the synthetic dataset failed verification")
         (root / SPEC_FILE).write_text(json.dumps(wanted) + "\n")
     return root
+
+
+def _foreign_dataset(root: Path) -> bool:
+    """A prepared dataset that this module did not make (e.g. the real one): used as it is, never touched."""
+    return (root / READY_FILE).is_file() and not (root / SPEC_FILE).exists()
 
 
 def _ready(root: Path, wanted: dict) -> bool:

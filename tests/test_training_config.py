@@ -74,3 +74,30 @@ def test_the_run_config_holds_the_resolved_plan(cli: CliRunner, workdir: Path) -
     plan = TrainingPlan.model_validate(job["training"])
     assert plan.world_size == 16 and plan.grad_accum_steps == 2 and plan.learning_rate == 2e-4
     assert system.paths.data_root == "/lustre/mlperf/flux1/energon"
+
+
+def test_missing_inputs_are_refused_at_submit(cli: CliRunner, workdir: Path) -> None:
+    (workdir / "empty").mkdir()
+    nowhere, empty = workdir / "nowhere", workdir / "empty"
+    cases = [
+        (["--set", "train.mode=lora", "--set", f"train.pretrained_path={nowhere}"], "is not a folder"),
+        (["--set", "train.synthetic_data=null", "--set", f"paths.data_root={empty}"], "no Energon dataset"),
+    ]
+    for args, message in cases:
+        result = cli.invoke(app, ["submit", "--system", "local", *args])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+        assert result.stderr.count("\n") == 1
+    assert not list_runs(workdir / "runs")
+
+
+def test_a_prepared_dataset_is_never_overwritten_by_synthetic_data(workdir: Path) -> None:
+    from rich.console import Console
+
+    from data_prep.ensure import READY_FILE, ensure_synthetic_root
+    from flux_cluster.config.training import SyntheticDataConfig
+
+    root = workdir / "real"
+    (root / READY_FILE).parent.mkdir(parents=True)
+    (root / READY_FILE).write_text("{}")
+    assert ensure_synthetic_root(SyntheticDataConfig(), root, Console(quiet=True)) == root
+    assert sorted(p.name for p in root.rglob("*")) == [".info.json", ".nv-meta"]

@@ -221,11 +221,22 @@ def _with_training_data(config: "SystemConfig", make: bool) -> "SystemConfig":
     from data_prep.ensure import default_root, ensure_synthetic_root
 
     spec, data_root = config.train.synthetic_data, config.paths.data_root
+    bare_metal = config.container.runtime == "none"  # else paths may be the cluster's, not this host's
+    pretrained = config.train.pretrained_path
+    if bare_metal and config.train.mode != "pretrain" and pretrained and not Path(pretrained).is_dir():
+        raise FluxClusterError(
+            f"train.pretrained_path: {pretrained} is not a folder (a diffusers checkpoint)"
+        )
     if spec is None:
         if data_root is None:
             raise FluxClusterError(
                 f"system {config.name}: paths.data_root is not set; point it at a prepared Energon root "
                 "(flux-cluster prepare-data) or use --set paths.data_root=PATH"
+            )
+        if bare_metal and make and not (Path(data_root) / ".nv-meta").is_dir():
+            raise FluxClusterError(
+                f"paths.data_root: {data_root} holds no Energon dataset (.nv-meta); "
+                "run 'flux-cluster prepare-data' first"
             )
         return config
     root = Path(data_root) if data_root else default_root(spec)

@@ -157,7 +157,7 @@ def train(ctx: JobContext) -> int:
         mllog.event("resumed_from_checkpoint", value=progress.samples, metadata={"step": progress.step})
         _say(rank0, f"resumed from {resume_from} at step {progress.step} ({progress.samples:,} samples)")
 
-    flops_per_sample = training_flops_per_sample(plan.model_args.shape(), *_token_counts(ctx.data_dir))
+    flops_per_sample = training_flops_per_sample(plan.model_args.shape(), *_token_counts(ctx))
     meter = _Meter(ctx, info, flops_per_sample)
     tensorboard = _tensorboard(ctx) if rank0 and cfg.tensorboard else None
     _say(
@@ -376,9 +376,16 @@ def _split_size(root: Path, split: str) -> int | None:
     return sum(n for name, n in counts.items() if name.startswith(f"{split}/")) or None
 
 
-def _token_counts(root: Path) -> tuple[int, int]:
-    """(image tokens, text tokens) of this dataset, from one val sample's shapes."""
-    batch = next(iter(val_loader(root, batch_size=1, rank=0, world_size=1)))
+def _token_counts(ctx: JobContext) -> tuple[int, int]:
+    """(image tokens, text tokens) of this dataset, from one val sample, checked against the model."""
+    batch = next(iter(val_loader(ctx.data_dir, batch_size=1, rank=0, world_size=1)))
+    args = ctx.plan.model_args
+    if batch.t5.shape[-1] != args.joint_attention_dim or batch.clip.shape[-1] != args.pooled_projection_dim:
+        raise SystemExit(
+            f"{ctx.data_dir}: T5 width {batch.t5.shape[-1]} and CLIP width {batch.clip.shape[-1]} do not fit "
+            f"model {ctx.plan.train.model!r} (joint_attention_dim {args.joint_attention_dim}, "
+            f"pooled_projection_dim {args.pooled_projection_dim}); choose another train.model or dataset"
+        )
     height, width = batch.mean.shape[-2:]
     return (height // 2) * (width // 2), batch.t5.shape[1]
 
