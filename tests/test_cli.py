@@ -160,16 +160,6 @@ def test_run_paths_that_slurm_cannot_take_are_refused(cli: CliRunner, workdir: P
     assert "no spaces" in line
 
 
-def test_train_job_before_its_entry_point_exists_is_a_clear_error(cli: CliRunner, workdir: Path) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("flux_cluster.train") is not None:
-        pytest.skip("the training entry point exists")
-    line = error_line(cli.invoke(app, ["submit", "--system", "local"]))
-    assert "flux_cluster.train" in line
-    assert not (workdir / "runs").exists()
-
-
 def test_systems_list_flags_an_invalid_site_system(cli: CliRunner, workdir: Path) -> None:
     (workdir / "broken.yaml").write_text("extends: local\nnodes: many\n")
     result = cli.invoke(app, ["systems", "list"], env={"FLUX_CLUSTER_SYSTEMS": str(workdir), "COLUMNS": "80"})

@@ -1,6 +1,5 @@
 """flux-cluster submit / preflight: resolve a system, render the job script, run or submit it."""
 
-import importlib.util
 import re
 import secrets
 import sys
@@ -160,8 +159,6 @@ def launch(request: LaunchRequest) -> int:
     root = runs_root(request.runs_dir, config).absolute()
     if config.launcher == "slurm":
         check_slurm_path(root)
-    if not request.dry_run:
-        _check_job_available(request.job)
     training = None
     if request.job == "train":
         from flux_cluster.training.workload import resolve_training
@@ -199,17 +196,6 @@ def check_slurm_path(path: Path) -> None:
         raise FluxClusterError(
             f"{path}: Slurm jobs need paths of letters, digits and _@+=./- only (no spaces); "
             "choose another (--runs-dir, --input, --output)"
-        )
-
-
-def _check_job_available(job: str) -> None:
-    from flux_cluster.jobs import JOBS
-
-    module = JOBS[job].module if job in JOBS else None
-    if module and importlib.util.find_spec(module) is None:
-        raise FluxClusterError(
-            f"job {job!r}: its entry point {module} is not part of this version yet; "
-            "'flux-cluster preflight' runs the preflight job, or use --dry-run to see the script"
         )
 
 
