@@ -3,12 +3,12 @@
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from checker import compliance_check
 from typer.testing import CliRunner
 
 from flux_cluster import slurm
@@ -265,16 +265,6 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "slurm-data-cache"))
 
 
-def compliance(log: Path, ruleset: str, cwd: Path) -> str:
-    """The official checker's verdict on a result log ('SUCCESS' when compliant), with its messages."""
-    checker = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training"]
-    result = subprocess.run(
-        [*checker, "--ruleset", ruleset, str(log)], capture_output=True, text=True, cwd=cwd, check=False
-    )
-    verdict = "SUCCESS" if result.returncode == 0 else "FAILED"
-    return f"{verdict}\n{result.stdout[-1500:]}{result.stderr[-1500:]}"
-
-
 @pytest.mark.usefixtures("data_cache")
 def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, workdir: Path) -> None:
     run_dir, record = launch(cli, "submit", "--wait", "--set", "mlperf.ruleset=5.1.0")
@@ -284,8 +274,8 @@ def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, wo
     assert "2 ranks (1 x 1 HSDP)" not in log and "2 ranks (1 x 2 HSDP)" not in log
     assert "2 ranks (2 x 1 HSDP)" in log  # one rank per node: replicas across the 2 nodes
     assert "run_stop success" in log and "failed the MLPerf compliance check" not in log
-    verdict = compliance(run_dir / "results" / "result_0.txt", "5.1.0", workdir)
-    assert verdict.startswith("SUCCESS"), verdict
+    verdict = compliance_check(run_dir / "results" / "result_0.txt", "5.1.0")
+    assert verdict.returncode == 0, verdict.stdout[-2000:] + verdict.stderr[-2000:]
     assert "SUCCESS" in (run_dir / "results" / "compliance_0.log").read_text()  # the job's own check
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from checker import compliance_check
 from typer.testing import CliRunner
 
 from data_prep.ensure import default_root, ensure_synthetic_root
@@ -47,25 +48,6 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
-def check(log: Path, ruleset: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlperf_logging.compliance_checker",
-            "--usage",
-            "training",
-            "--ruleset",
-            ruleset,
-            str(log),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        check=False,
-    )
-
-
 def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, workdir: Path) -> None:
     result = cli.invoke(app, ["submit", "--system", "local", "--seed", "5"])
     assert result.exit_code == 0, result.output[-3000:]
@@ -80,12 +62,12 @@ def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, 
     assert (run_dir / "results" / "compliance_0.log").is_file()  # the job script ran the checker
     assert list((run_dir / "tensorboard" / "exp_0").glob("events.out.tfevents.*"))
     for ruleset in RULESETS:  # GBS 16 divides 262,144: the same log satisfies every ruleset
-        outcome = check(log, ruleset, workdir)
+        outcome = compliance_check(log, ruleset)
         assert outcome.returncode == 0, outcome.stdout[-2000:] + outcome.stderr[-2000:]
     for key in ("eval_accuracy", "opt_base_learning_rate", "run_stop"):
         broken = workdir / f"without_{key}.txt"
         broken.write_text("".join(x for x in log.read_text().splitlines(True) if f'"key": "{key}"' not in x))
-        assert check(broken, "6.1.0", workdir).returncode != 0, key
+        assert compliance_check(broken, "6.1.0").returncode != 0, key
 
 
 def prepared_run(cli: CliRunner, *sets: str) -> Path:

@@ -348,6 +348,7 @@ def _set_aside_interrupted_log(result_log: Path) -> None:
 
 def _run_facts(ctx: JobContext) -> RunFacts:
     cfg, system = ctx.plan.train, ctx.system
+    precision = "bfloat16" if cfg.param_dtype == "bfloat16" else "fp32"
     return RunFacts(
         submission_org=system.mlperf.submission_org,
         submission_platform=system.name,
@@ -360,9 +361,9 @@ def _run_facts(ctx: JobContext) -> RunFacts:
         config_filename=ctx.config_filename,
         division="closed" if cfg.mode == "pretrain" else "open",
         gradient_accumulation_steps=ctx.plan.grad_accum_steps,
-        precision_linear="bfloat16" if cfg.param_dtype == "bfloat16" else "fp32",
-        precision_attn="bfloat16" if cfg.param_dtype == "bfloat16" else "fp32",
-        precision_comm="bfloat16" if cfg.param_dtype == "bfloat16" else "fp32",
+        precision_linear=precision,
+        precision_attn=precision,
+        precision_comm=precision,
         seed=ctx.seed,
     )
 
