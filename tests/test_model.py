@@ -132,3 +132,16 @@ def test_the_throughput_benchmark_runs_on_cpu() -> None:
         ("1", "False", "False"), ("1", "False", "True"), ("2", "False", "False"), ("2", "False", "True"),
     ]  # fmt: skip
     assert all(float(r[4]) > 0 for r in rows) and rows[0][-1] == "1.00x"
+
+
+def test_guidance_distilled_checkpoints_get_a_guidance_value(tmp_path: Path) -> None:
+    """FLUX.1-dev-style bases (guidance_embeds) need a guidance input; their real shape is read back."""
+    distilled = TINY.model_copy(update={"guidance_embeds": True, "num_layers": 1})
+    torch.manual_seed(0)
+    M.build_model(distilled).save_pretrained(tmp_path / "dev")
+    model = M.load_pretrained(tmp_path / "dev")
+    assert ModelArgs.of(model.config) == distilled  # not the tiny preset it was made from
+    x, t, t5, clip = inputs(TINY, 2, 16, 16)
+    low = M.predict_velocity(model, x, t, t5, clip, torch.float32, guidance_scale=1.0)
+    high = M.predict_velocity(model, x, t, t5, clip, torch.float32, guidance_scale=3.5)
+    assert low.shape == x.shape and not torch.allclose(low, high)

@@ -146,7 +146,8 @@ def test_fine_tuning_saves_weights_that_reproduce_the_last_evaluation(
 ) -> None:
     args = load_workload("flux1")[0].models["tiny"]
     torch.manual_seed(1)
-    M.build_model(args).save_pretrained(workdir / "base")
+    # guidance-distilled like FLUX.1-dev, the usual fine-tuning base: the job must feed it a guidance value
+    M.build_model(args.model_copy(update={"guidance_embeds": True})).save_pretrained(workdir / "base")
     run_dir = prepared_run(
         cli,
         f"train.mode={mode}",

@@ -79,6 +79,8 @@ class TrainConfig(BaseModel):
     """Energon loader worker processes per rank (0: load in the training process)."""
     cfg_dropout: float = Field(default=0.1, ge=0, le=1)
     """Probability that a train sample's caption encodings are replaced by the empty ones."""
+    guidance_scale: float = Field(default=3.5, ge=0)
+    """Guidance value fed to guidance-distilled checkpoints (FLUX.1-dev) while training; others ignore it."""
     lora_rank: int = Field(default=16, ge=1)
     """LoRA rank (mode 'lora')."""
     lora_alpha: float = Field(default=16.0, gt=0)

@@ -39,7 +39,7 @@ from flux_cluster.training.model import (
 )
 from flux_cluster.training.parallelize import make_mesh, parallelize
 from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
-from flux_cluster.training.workload import TrainingPlan
+from flux_cluster.training.workload import ModelArgs, TrainingPlan
 
 NOT_CONVERGED_EXIT_CODE = 3
 """Exit code of a pretraining run whose sample budget ran out before the target (run_stop 'aborted').
@@ -157,7 +157,8 @@ def train(ctx: JobContext) -> int:
         mllog.event("resumed_from_checkpoint", value=progress.samples, metadata={"step": progress.step})
         _say(rank0, f"resumed from {resume_from} at step {progress.step} ({progress.samples:,} samples)")
 
-    flops_per_sample = training_flops_per_sample(plan.model_args.shape(), *_token_counts(ctx))
+    model_args = ModelArgs.of(model.config)  # a pretrained checkpoint's own shape, not the preset's
+    flops_per_sample = training_flops_per_sample(model_args.shape(), *_token_counts(ctx, model_args))
     meter = _Meter(ctx, info, flops_per_sample)
     tensorboard = _tensorboard(ctx) if rank0 and cfg.tensorboard else None
     _say(
@@ -244,7 +245,13 @@ def _train_step(
         t = torch.rand(mean.shape[0], generator=generator, device=info.device)
         x_t, target = interpolate(sample_latents(mean, logvar, eps), noise, t)
         prediction = predict_velocity(
-            model, x_t, t, batch.t5.to(info.device), batch.clip.to(info.device), dtype
+            model,
+            x_t,
+            t,
+            batch.t5.to(info.device),
+            batch.clip.to(info.device),
+            dtype,
+            ctx.plan.train.guidance_scale,
         )
         loss = F.mse_loss(prediction.float(), target)
         (loss / accumulate).backward()
@@ -273,7 +280,11 @@ def _evaluate(
         world_size=info.world_size,
     )
     loss, _ = validation_loss(
-        lambda x_t, t, t5, clip: predict_velocity(model, x_t, t, t5, clip, dtype), batches, info.device
+        lambda x_t, t, t5, clip: predict_velocity(
+            model, x_t, t, t5, clip, dtype, ctx.plan.train.guidance_scale
+        ),
+        batches,
+        info.device,
     )
     model.train()
     mllog.eval_accuracy(loss, progress.samples)
@@ -322,7 +333,7 @@ def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo) -> No
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank == 0:
-        plain = build_model(ctx.plan.model_args)
+        plain = build_model(ModelArgs.of(model.config))
         plain.load_state_dict(full)
         shutil.rmtree(partial, ignore_errors=True)
         plain.save_pretrained(partial)
@@ -377,10 +388,9 @@ def _split_size(root: Path, split: str) -> int | None:
     return sum(n for name, n in counts.items() if name.startswith(f"{split}/")) or None
 
 
-def _token_counts(ctx: JobContext) -> tuple[int, int]:
+def _token_counts(ctx: JobContext, args: ModelArgs) -> tuple[int, int]:
     """(image tokens, text tokens) of this dataset, from one val sample, checked against the model."""
     batch = next(iter(val_loader(ctx.data_dir, batch_size=1, rank=0, world_size=1)))
-    args = ctx.plan.model_args
     if batch.t5.shape[-1] != args.joint_attention_dim or batch.clip.shape[-1] != args.pooled_projection_dim:
         raise SystemExit(
             f"{ctx.data_dir}: T5 width {batch.t5.shape[-1]} and CLIP width {batch.clip.shape[-1]} do not fit "

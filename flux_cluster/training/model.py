@@ -91,10 +91,14 @@ def predict_velocity(
     t5: torch.Tensor,
     clip: torch.Tensor,
     dtype: torch.dtype,
+    guidance_scale: float = 3.5,
 ) -> torch.Tensor:
-    """The model's velocity prediction for latents x_t [B, C, H, W] at times t [B], as [B, C, H, W]."""
-    _, c, h, w = x_t.shape
+    """The model's velocity prediction for latents x_t [B, C, H, W] at times t [B], as [B, C, H, W].
+    Guidance-distilled models (FLUX.1-dev) also get ``guidance_scale``."""
+    b, c, h, w = x_t.shape
     img_ids, txt_ids = position_ids(h, w, t5.shape[1], x_t.device)
+    distilled = model.config.guidance_embeds  # type: ignore[union-attr]
+    guidance = torch.full((b,), guidance_scale, device=x_t.device, dtype=dtype) if distilled else None
     out = model(
         hidden_states=pack_latents(x_t).to(dtype),
         encoder_hidden_states=t5.to(dtype),
@@ -102,6 +106,7 @@ def predict_velocity(
         timestep=t.to(dtype),
         img_ids=img_ids,
         txt_ids=txt_ids,
+        guidance=guidance,
         return_dict=False,
     )[0]
     return unpack_latents(out, c, h, w)

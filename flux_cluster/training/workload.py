@@ -46,6 +46,13 @@ class ModelArgs(_Strict):
     pooled_projection_dim: int = Field(ge=1)
     axes_dims_rope: tuple[int, int, int]
     in_channels: int = 64
+    guidance_embeds: bool = False
+    """True for guidance-distilled checkpoints (FLUX.1-dev), which also take a guidance value."""
+
+    @classmethod
+    def of(cls, model_config: Any) -> "ModelArgs":
+        """The arguments a built or loaded model really has (a pretrained one need not match its preset)."""
+        return cls(**{name: model_config[name] for name in cls.model_fields})
 
     @property
     def hidden(self) -> int:
