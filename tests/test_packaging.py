@@ -21,6 +21,7 @@ def test_wheel_ships_templates_and_systems_and_renders(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "flux_cluster/_data/templates/sbatch.sh.j2" in names
     assert "flux_cluster/_data/configs/systems/dgx_h100x8.yaml" in names
+    assert "flux_cluster/report/templates/report.html.j2" in names  # the HTML report's page
     target = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

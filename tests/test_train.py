@@ -44,8 +44,9 @@ def synthetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every step's and every eval's record (not the per-attempt header with the FLOPs per sample)."""
     lines = (run_dir / "results" / "metrics_0.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return [record for record in map(json.loads, lines) if "step" in record]
 
 
 def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, workdir: Path) -> None:
@@ -68,6 +69,19 @@ def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, 
         broken = workdir / f"without_{key}.txt"
         broken.write_text("".join(x for x in log.read_text().splitlines(True) if f'"key": "{key}"' not in x))
         assert compliance_check(broken, "6.1.0").returncode != 0, key
+
+    # the report reads this project's own runs through the same path as MLPerf submissions
+    report = cli.invoke(app, ["report", str(run_dir), "--format", "json"])
+    assert report.exit_code == 0, report.output
+    (group,) = json.loads(report.stdout)["groups"]
+    (run,) = group["runs"]
+    eval_samples = [r["samples"] for r in rows if "eval_loss" in r]
+    assert run["status"] == "success" and run["compliance"] == "passed" and run["scored"]
+    assert run["samples_to_converge"] == eval_samples[-1] and run["evals"] == len(evals)
+    assert run["final_eval_loss"] == pytest.approx(evals[-1]) and run["global_batch_size"] == 16
+    assert group["accelerators"] == 2 and group["system"] == "local" and group["ruleset"] == "6.1.0"
+    assert run["throughput_samples_per_s"] > 0 and 0 < run["mfu"] < 1
+    assert group["olympic_minutes"] is None and any("too few" in w for w in group["warnings"])
 
 
 def prepared_run(cli: CliRunner, *sets: str) -> Path:

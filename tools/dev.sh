@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${FLUX_CLUSTER_VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
-DEBIAN_PACKAGES=(shellcheck)
+DEBIAN_PACKAGES=(shellcheck chromium)  # chromium: headless check of the HTML report
 
 say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
 

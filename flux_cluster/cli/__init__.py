@@ -6,7 +6,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from flux_cluster.cli import data, launch, runs, systems
+from flux_cluster.cli import data, launch, report, runs, systems
 from flux_cluster.errors import FluxClusterError
 
 
@@ -42,6 +42,7 @@ app.command(name="prepare-data")(data.prepare_data)
 app.command()(runs.status)
 app.command()(runs.logs)
 app.command()(runs.cancel)
+app.command()(report.report)
 
 
 def main() -> None:

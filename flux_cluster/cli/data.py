@@ -45,16 +45,16 @@ def prepare_data(
         bool, typer.Option("--wait", help="With --submit: wait for the jobs and report.")
     ] = False,
     tasks: Annotated[
-        int | None, typer.Option("--tasks", help="Array tasks for convert [default: data_prep.tasks].")
+        int | None, typer.Option("--tasks", help="Array tasks for convert \\[default: data_prep.tasks].")
     ] = None,
     workers: Annotated[
         int | None,
         typer.Option(
-            "--workers", help="Processes per task [default: data_prep.workers; locally: the CPU count]."
+            "--workers", help="Processes per task \\[default: data_prep.workers; locally: the CPU count]."
         ),
     ] = None,
     shard_size: Annotated[
-        int | None, typer.Option("--shard-size", help="Samples per shard [default: data_prep.shard_size].")
+        int | None, typer.Option("--shard-size", help="Samples per shard \\[default: data_prep.shard_size].")
     ] = None,
     overrides: SetOption = None,
     runs_dir: RunsDirOption = None,

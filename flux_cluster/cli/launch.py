@@ -35,7 +35,7 @@ ExperimentOption = Annotated[
     typer.Option(
         "--experiment",
         "-e",
-        help="Experiment name: groups runs under runs/<experiment>/ [default: the job name].",
+        help="Experiment name: groups runs under runs/<experiment>/ \\[default: the job name].",
     ),
 ]
 DependencyOption = Annotated[

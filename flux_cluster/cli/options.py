@@ -21,7 +21,7 @@ RunsDirOption = Annotated[
     Path | None,
     typer.Option(
         "--runs-dir",
-        help="Parent of run directories [default: $FLUX_CLUSTER_RUNS, else (submit, preflight) the "
+        help="Parent of run directories \\[default: $FLUX_CLUSTER_RUNS, else (submit, preflight) the "
         "system's paths.log_root, else ./runs].",
         show_default=False,
     ),

@@ -1,1 +1,1 @@
-"""Pieces of the flux1 training job (the job itself, ``flux_cluster.train``, arrives with issue 4)."""
+"""Pieces of the flux1 training job; the entry point is ``flux_cluster.train``."""

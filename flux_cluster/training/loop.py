@@ -429,6 +429,14 @@ class _Meter:
         self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
         if info.rank == 0:
             ctx.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+        # First record of each attempt: what 'flux-cluster report' needs for MFU.
+        self._write(
+            {
+                "flops_per_sample": flops_per_sample,
+                "world_size": info.world_size,
+                "peak_tflops": self.peak_tflops,
+            }
+        )
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.info.rank == 0:

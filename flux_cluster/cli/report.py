@@ -1,0 +1,190 @@
+"""flux-cluster report: result logs -> time-to-train, throughput, GPU-hours, cost, scored as MLPerf does."""
+
+import io
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from flux_cluster.cli.options import RunsDirOption
+from flux_cluster.errors import FluxClusterError
+
+if TYPE_CHECKING:
+    from flux_cluster.report.build import Options
+    from flux_cluster.report.scoring import GroupResult
+
+NOTHING_FOUND_EXIT_CODE = 1
+
+
+class Format(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    md = "md"
+    html = "html"
+
+
+class Ruleset(StrEnum):
+    r510 = "5.1.0"
+    r600 = "6.0.0"
+    r610 = "6.1.0"
+
+
+def report(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Run directories, MLPerf result folders (<org>/results/<system>/<benchmark>/) or log files, "
+            "at any depth \\[default: the runs directory].",
+            show_default=False,
+        ),
+    ] = None,
+    output_format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here (atomically) instead of stdout.")
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check/--no-check",
+            help="Run the official MLPerf compliance checker on every log; a failing run is not scored "
+            "(as in the result_summarizer). --no-check scores every run whose run_stop says success.",
+        ),
+    ] = True,
+    ruleset: Annotated[
+        Ruleset | None,
+        typer.Option(
+            help="Compliance ruleset \\[default: the run config's; else 'vX.Y' in the path; else 5.1.0].",
+            show_default=False,
+        ),
+    ] = None,
+    price: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="USD per accelerator-hour \\[default: the run config's price_per_gpu_hour].",
+            show_default=False,
+        ),
+    ] = None,
+    peak_tflops: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="bf16 peak TFLOP/s per accelerator, for MFU \\[default: the run config's].",
+            show_default=False,
+        ),
+    ] = None,
+    target: Annotated[
+        float, typer.Option(min=0, help="Quality target for logs without target_accuracy.")
+    ] = 0.586,
+    compare: Annotated[
+        tuple[Path, Path] | None,
+        typer.Option(
+            help="Compare two groups or two sets of groups: A B, with B/A ratios.",
+            metavar="A B",
+            show_default=False,
+        ),
+    ] = None,
+    runs_dir: RunsDirOption = None,
+) -> None:
+    """Harvest MLPerf result logs into olympic time-to-train, samples to converge, throughput, MFU,
+    GPU-hours and cost per group (one directory of result files = one system x benchmark).
+
+    Exit codes: 0 reported, 1 no result logs found, 2 bad input.
+    """
+    from flux_cluster.report.build import Options
+    from flux_cluster.rundir import runs_root
+
+    options = Options(
+        check=check,
+        ruleset=ruleset.value if ruleset else None,
+        price=price,
+        peak_tflops=peak_tflops,
+        target=target,
+    )
+    if compare is not None:
+        if paths:
+            raise FluxClusterError("--compare A B takes its two paths itself: give no other paths")
+        a, b = (_harvest([path], options) for path in compare)
+        from flux_cluster.report.compare import compare as compare_groups
+
+        _emit([*a, *b], output_format, output, check, compare_groups(compare[0], a, compare[1], b))
+        return
+    roots = list(paths) if paths else [runs_root(runs_dir)]
+    _emit(_harvest(roots, options), output_format, output, check, None)
+
+
+def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flux_cluster.report.build import build
+
+    for root in roots:
+        if not root.exists():
+            raise FluxClusterError(f"{root}: no such file or directory")
+    console = Console(stderr=True)
+
+    class _Bar:
+        def __init__(self, progress: Progress) -> None:
+            self.progress, self.task = progress, progress.add_task("finding logs", total=None)
+
+        def start(self, total: int) -> None:
+            self.progress.update(self.task, total=total)
+
+        def advance(self, description: str) -> None:
+            self.progress.update(self.task, advance=1, description=description)
+
+    columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+        groups = build(roots, options, _Bar(progress))
+    if not groups:
+        where = ", ".join(str(r) for r in roots)
+        typer.echo(f"no MLPerf result logs (files with :::MLLOG lines) under {where}", err=True)
+        raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
+    return groups
+
+
+def _emit(
+    groups: "list[GroupResult]",
+    output_format: Format,
+    output: Path | None,
+    checked: bool,
+    comparison: dict[str, Any] | None,
+) -> None:
+    from flux_cluster.report import formats
+
+    if output_format is Format.table:
+        from rich.console import Console
+
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=200) if output else Console()
+        if not console.is_terminal:
+            console = Console(
+                file=buffer if output else sys.stdout, width=200
+            )  # files and pipes: no wrapping
+        formats.print_tables(groups, console)
+        if comparison is not None:
+            formats.print_comparison(comparison, console)
+        if output is None:
+            return
+        text = buffer.getvalue()
+    elif output_format is Format.json:
+        text = formats.render_json(groups, comparison)
+    elif output_format is Format.csv:
+        text = formats.render_csv(groups)
+    elif output_format is Format.md:
+        text = formats.render_markdown(groups, comparison)
+    else:
+        from flux_cluster.report.html import render_html
+
+        text = render_html(groups, checked, comparison)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    from flux_cluster.atomic import write_atomic
+
+    write_atomic(output, text)
+    typer.echo(f"wrote {output}", err=True)

@@ -1,0 +1,74 @@
+"""The whole harvest: groups found, logs streamed, compliance checked, groups scored."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from flux_cluster.report.compliance import check_logs
+from flux_cluster.report.discover import DEFAULT_RULESET, find_groups
+from flux_cluster.report.harvest import QUALITY_TARGET, RunResult, harvest_run
+from flux_cluster.report.scoring import GroupResult, score_group
+
+
+@dataclass(frozen=True)
+class Options:
+    check: bool = True
+    """Run the official compliance checker on every log (the summarizer always does)."""
+    ruleset: str | None = None
+    """Compliance ruleset for every log; None: the run config's, a 'vX.Y' in the path, else 5.1.0."""
+    price: float | None = None
+    """USD per accelerator-hour for every group; None: the run config's price_per_gpu_hour."""
+    peak_tflops: float | None = None
+    """bf16 peak per accelerator for MFU; None: the run config's peak_bf16_tflops."""
+    target: float = QUALITY_TARGET
+    """Quality target for logs that do not log target_accuracy."""
+
+
+class Tracker(Protocol):
+    """Progress: told the amount of work once, then each unit done."""
+
+    def start(self, total: int) -> None: ...
+    def advance(self, description: str) -> None: ...
+
+
+class _Silent:
+    def start(self, total: int) -> None:
+        pass
+
+    def advance(self, description: str) -> None:
+        pass
+
+
+def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -> list[GroupResult]:
+    """Every group under paths, scored."""
+    tracker = tracker or _Silent()
+    sources = find_groups(paths)
+    tracker.start(sum(len(s.files) for s in sources) * (2 if options.check else 1))
+    runs: list[list[RunResult]] = []
+    jobs: list[tuple[Path, str]] = []
+    slots: list[RunResult] = []
+    for source in sources:
+        source.ruleset = options.ruleset or source.ruleset or DEFAULT_RULESET
+        runs.append([])
+        for log in source.files:
+            try:
+                run = harvest_run(log, options.target, name=str(log))
+            except OSError as exc:
+                run = RunResult(file=str(log), warnings=[f"unreadable: {exc.strerror or exc}"])
+            runs[-1].append(run)
+            tracker.advance(f"reading {log.name}")
+            if not options.check:
+                continue
+            if any(w == "empty file" or w.startswith("unreadable:") for w in run.warnings):
+                run.compliance, run.compliance_messages = "failed", list(run.warnings)
+                tracker.advance("checking compliance")
+            else:
+                jobs.append((log, source.ruleset))
+                slots.append(run)
+    for index, passed, messages in check_logs(jobs, lambda: tracker.advance("checking compliance")):
+        slots[index].compliance = "passed" if passed else "failed"
+        slots[index].compliance_messages = messages
+    return [
+        score_group(source, group_runs, options.check, options.price, options.peak_tflops)
+        for source, group_runs in zip(sources, runs, strict=True)
+    ]

@@ -1,0 +1,302 @@
+"""One MLPerf result log, streamed once, into the facts of one run.
+
+The file is read line by line as bytes, so memory stays bounded on multi-GB logs. Only the events the
+report needs are JSON-decoded; the rest (``tracked_stats`` and the like) are skipped after finding their
+key. Robust to what real logs contain: ``srun --label`` prefixes, garbage and non-UTF-8 lines, duplicate
+keys and the interleaved lines of several ranks. Every oddity becomes a warning on the run, never an
+exception.
+
+The run time follows MLPerf's ``result_summarizer`` to the letter: the last ``run_start`` seen before
+the first ``run_stop``, and (run_stop - run_start) ms / 60,000.
+"""
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+TOKEN = b":::MLLOG "
+KEY_MARK = b'"key": "'
+QUALITY_TARGET = 0.586
+"""flux1's validation-loss target; a log's own target_accuracy wins."""
+
+_POINT_KEYS = frozenset(
+    {
+        "submission_benchmark",
+        "submission_org",
+        "submission_platform",
+        "submission_division",
+        "global_batch_size",
+        "opt_base_learning_rate",
+        "opt_learning_rate_warmup_steps",
+        "target_accuracy",
+        "seed",
+        "number_of_nodes",
+        "accelerators_per_node",
+    }
+)
+_TIMELINE_KEYS = frozenset(
+    {"run_start", "run_stop", "eval_accuracy", "eval_start", "eval_stop", "block_start", "block_stop"}
+)
+_WANTED = _POINT_KEYS | _TIMELINE_KEYS
+_EXACTLY_ONE = frozenset({"run_start", "run_stop", "init_start", "init_stop"}) | _POINT_KEYS - {"seed"}
+
+
+@dataclass
+class RunResult:
+    """One result log. The field names are the report's JSON schema: keep them stable."""
+
+    file: str
+    status: str = "incomplete"
+    """'success' or 'aborted' (run_stop's status), or 'incomplete' (no run_start or no run_stop)."""
+    minutes: float | None = None
+    """(run_stop - run_start) / 60,000 ms: the MLPerf score of this run."""
+    samples_to_converge: int | None = None
+    """samples_count of the first eval that met the target."""
+    final_eval_loss: float | None = None
+    target: float = QUALITY_TARGET
+    benchmark: str | None = None
+    submitter: str | None = None
+    platform: str | None = None
+    global_batch_size: int | None = None
+    learning_rate: float | None = None
+    warmup_steps: int | None = None
+    seed: int | None = None
+    evals: int = 0
+    eval_minutes: float = 0.0
+    """Time spent between eval_start and eval_stop."""
+    throughput_samples_per_s: float | None = None
+    """Samples trained per second inside block_start/block_stop intervals (evaluation excluded)."""
+    throughput_per_accelerator: float | None = None
+    mfu: float | None = None
+    """Model FLOPs utilisation against the accelerator's bf16 peak, when both are known."""
+    accelerators: int | None = None
+    compliance: str = "not checked"
+    """'passed', 'failed' or 'not checked' (the official mlperf_logging.compliance_checker)."""
+    compliance_messages: list[str] = field(default_factory=list)
+    scored: bool = False
+    """Whether the run counts toward its group's olympic score (the summarizer's rule)."""
+    warnings: list[str] = field(default_factory=list)
+    eval_curve: list[tuple[int, float]] = field(default_factory=list)
+    """(samples_count, eval loss) of every evaluation, by samples_count."""
+    accelerators_from_log: int | None = field(default=None, repr=False)
+
+
+class _Intervals:
+    """Pairs start/stop events; a second start while one is open (another rank's copy) is ignored."""
+
+    def __init__(self) -> None:
+        self.open_at: float | None = None
+        self.open_samples: int | None = None
+        self.closed: list[tuple[float, int | None]] = []  # (duration ms, samples_count)
+        self.unmatched = 0
+
+    def start(self, time_ms: float, samples: int | None) -> None:
+        if self.open_at is None:
+            self.open_at, self.open_samples = time_ms, samples
+        else:
+            self.unmatched += 1
+
+    def stop(self, time_ms: float, samples: int | None) -> None:
+        if self.open_at is None:
+            self.unmatched += 1
+            return
+        self.closed.append((time_ms - self.open_at, samples if samples is not None else self.open_samples))
+        self.open_at = None
+
+
+@dataclass
+class _Scan:
+    run_start: float | None = None
+    run_stop: float | None = None
+    stop_status: str | None = None
+    points: dict[str, Any] = field(default_factory=dict)
+    evals: dict[int, float] = field(default_factory=dict)  # samples_count -> loss, first one wins
+    evals_without_samples: int = 0
+    blocks: _Intervals = field(default_factory=_Intervals)
+    eval_intervals: _Intervals = field(default_factory=_Intervals)
+    counts: Counter[str] = field(default_factory=Counter)
+    mllog_lines: int = 0
+    malformed: int = 0
+    non_utf8: int = 0
+    other_lines: int = 0
+
+    def add(self, key: str, time_ms: float, value: Any, metadata: dict[str, Any]) -> None:
+        samples = metadata.get("samples_count")
+        samples = samples if isinstance(samples, int) else None
+        if key == "run_start" or key == "run_stop":
+            if self.run_start is None or self.run_stop is None:  # result_summarizer's loop
+                if key == "run_start":
+                    self.run_start = time_ms
+                else:
+                    self.run_stop, self.stop_status = time_ms, str(metadata.get("status", ""))
+        elif key == "eval_accuracy":
+            if samples is None:
+                self.evals_without_samples += 1
+            elif isinstance(value, int | float) and samples not in self.evals:
+                self.evals[samples] = float(value)
+        elif key == "block_start":
+            self.blocks.start(time_ms, samples)
+        elif key == "block_stop":
+            self.blocks.stop(time_ms, samples)
+        elif key == "eval_start":
+            self.eval_intervals.start(time_ms, samples)
+        elif key == "eval_stop":
+            self.eval_intervals.stop(time_ms, samples)
+        else:
+            self.points.setdefault(key, value)
+
+
+def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        scan.non_utf8 += 1
+        text = payload.decode("latin-1")  # what the official parser reads
+    try:
+        event = json.loads(text)
+        time_ms = float(event["time_ms"])
+        event["metadata"] = event.get("metadata") or {}
+        if not isinstance(event["key"], str) or not isinstance(event["metadata"], dict):
+            raise TypeError
+        event["time_ms"] = time_ms
+        return event
+    except (ValueError, KeyError, TypeError):
+        scan.malformed += 1
+        return None
+
+
+def scan_file(path: Path) -> _Scan:
+    scan = _Scan()
+    with path.open("rb") as handle:
+        for line in handle:
+            at = line.rfind(TOKEN)  # the official parser keeps what follows the last token
+            if at < 0:
+                if line.strip():
+                    scan.other_lines += 1
+                    if not line.isascii():
+                        try:
+                            line.decode("utf-8")
+                        except UnicodeDecodeError:
+                            scan.non_utf8 += 1
+                continue
+            scan.mllog_lines += 1
+            payload = line[at + len(TOKEN) :]
+            mark = payload.find(KEY_MARK)
+            if mark >= 0:
+                end = payload.find(b'"', mark + len(KEY_MARK))
+                key = payload[mark + len(KEY_MARK) : end].decode("latin-1")
+                scan.counts[key] += 1
+                if key not in _WANTED:
+                    continue
+            event = _decode(payload, scan)
+            if event is None:
+                continue
+            if mark < 0:  # unusual spacing: the key was not found by the fast path
+                scan.counts[event["key"]] += 1
+                if event["key"] not in _WANTED:
+                    continue
+            scan.add(event["key"], event["time_ms"], event.get("value"), event["metadata"])
+    return scan
+
+
+def _block_samples(blocks: list[tuple[float, int | None]]) -> list[int] | None:
+    """Samples trained in each block. NVIDIA logs the block's size; a strictly increasing series is
+    cumulative (another convention) and is differenced."""
+    counts = [samples for _, samples in blocks]
+    if not counts or any(c is None or c <= 0 for c in counts):
+        return None
+    sizes = [c for c in counts if c is not None]
+    if len(sizes) > 1 and all(b > a for a, b in pairwise(sizes)):
+        return [sizes[0]] + [b - a for a, b in pairwise(sizes)]
+    return sizes
+
+
+def _number(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return kind(value)
+
+
+def harvest_run(path: Path, default_target: float = QUALITY_TARGET, name: str | None = None) -> RunResult:
+    """The facts of one result log; problems become warnings, never exceptions (except I/O)."""
+    result = RunResult(file=name or str(path))
+    if path.stat().st_size == 0:
+        result.warnings.append("empty file")
+        return result
+    scan = scan_file(path)
+    _fill(result, scan, default_target)
+    return result
+
+
+def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
+    points, warn = scan.points, result.warnings.append
+    if scan.mllog_lines == 0:
+        warn("no :::MLLOG lines")
+    if scan.malformed:
+        warn(f"{scan.malformed} malformed :::MLLOG line(s) skipped")
+    if scan.non_utf8:
+        warn(f"{scan.non_utf8} non-UTF-8 line(s)")
+    duplicated = sorted(k for k in _EXACTLY_ONE if scan.counts[k] > 1)
+    if duplicated:
+        warn(
+            "duplicate keys (several ranks logging?): "
+            + ", ".join(f"{k} x{scan.counts[k]}" for k in duplicated)
+        )
+    if scan.evals_without_samples:
+        warn(f"{scan.evals_without_samples} eval_accuracy line(s) without samples_count")
+
+    result.benchmark = _text(points.get("submission_benchmark"))
+    result.submitter = _text(points.get("submission_org"))
+    result.platform = _text(points.get("submission_platform"))
+    result.global_batch_size = _number(points.get("global_batch_size"), int)
+    result.learning_rate = _number(points.get("opt_base_learning_rate"), float)
+    result.warmup_steps = _number(points.get("opt_learning_rate_warmup_steps"), int)
+    result.seed = _number(points.get("seed"), int)
+    target = _number(points.get("target_accuracy"), float)
+    result.target = target if target is not None else default_target
+    nodes, per_node = (_number(points.get(k), int) for k in ("number_of_nodes", "accelerators_per_node"))
+    if nodes and per_node:
+        result.accelerators_from_log = nodes * per_node
+
+    if scan.run_start is None:
+        warn("no run_start")
+    elif scan.run_stop is None:
+        warn("no run_stop: the log is truncated or the run is still going")
+    else:
+        result.minutes = (scan.run_stop - scan.run_start) / 60 / 1000
+        result.status = "success" if scan.stop_status == "success" else "aborted"
+
+    result.eval_curve = sorted(scan.evals.items())
+    result.evals = len(result.eval_curve)
+    if result.eval_curve:
+        result.final_eval_loss = result.eval_curve[-1][1]
+        met = [samples for samples, loss in result.eval_curve if loss <= result.target]
+        result.samples_to_converge = met[0] if met else None
+    if result.status == "success" and result.samples_to_converge is None:
+        warn(f"run_stop says success but no eval reached the target {result.target}")
+    result.eval_minutes = sum(ms for ms, _ in scan.eval_intervals.closed) / 60_000
+
+    blocks = scan.blocks.closed
+    sizes = _block_samples(blocks)
+    seconds = sum(ms for ms, _ in blocks) / 1000
+    if sizes and seconds > 0:
+        result.throughput_samples_per_s = sum(sizes) / seconds
+    elif blocks:
+        warn("block_start/block_stop without samples_count: no throughput")
+    unpaired = scan.blocks.unmatched + scan.eval_intervals.unmatched
+    if unpaired:
+        warn(f"{unpaired} unpaired block/eval start or stop line(s)")
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def to_json(result: RunResult) -> dict[str, Any]:
+    document = dict(result.__dict__)
+    document.pop("accelerators_from_log")
+    document["eval_curve"] = [list(point) for point in result.eval_curve]
+    return document

@@ -1,0 +1,166 @@
+"""Group scores exactly as MLPerf's ``result_summarizer`` computes them, plus cost and throughput.
+
+The summarizer (mlperf_logging 4.1.68, ``_compute_strong_score_standalone``): a run is dropped when
+its log fails the compliance checker or lacks run_start/run_stop. More than one dropped run (flux1
+allows one) gives no score. Otherwise the scores are sorted and the best is dropped, and the worst too
+unless a failed run already took its place; the rest are averaged, then multiplied by the group's
+``scaling.json`` factor. No countable score left (too few runs) gives no score. Samples to converge
+follow its RCP checker: per run the converged samples (unconverged counts as infinite), more than one
+unconverged gives none, else the mean without the lowest and highest, given at least 3 runs.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from flux_cluster.report.discover import GroupSource
+from flux_cluster.report.harvest import RunResult, to_json
+
+MAX_DROPPED = 1
+"""Failed runs flux1's olympic score tolerates (result_summarizer: 4 for unet3d, 1 otherwise)."""
+REQUIRED_RUNS = 10
+"""Result files a flux1 submission needs (mlperf_logging.benchmark_meta)."""
+FLUX_SCHNELL_FLOPS_PER_SAMPLE = 20.4e12
+"""Model FLOPs per flux1 training sample (flux_cluster.training.flops, 256 + 256 tokens)."""
+
+
+@dataclass
+class GroupResult:
+    """One directory's runs, scored together. Field names are the report's JSON schema: keep stable."""
+
+    path: str
+    benchmark: str | None
+    system: str | None
+    submitter: str | None
+    accelerator_model: str | None
+    accelerators: int | None
+    ruleset: str | None
+    runs: list[RunResult]
+    olympic_minutes: float | None = None
+    mean_minutes: float | None = None
+    min_minutes: float | None = None
+    max_minutes: float | None = None
+    run_count: int = 0
+    scored_runs: int = 0
+    required_runs: int = REQUIRED_RUNS
+    samples_to_converge: float | None = None
+    scaling_factor: float = 1.0
+    gpu_hours: float | None = None
+    price_per_gpu_hour: float | None = None
+    cost_usd: float | None = None
+    throughput_samples_per_s: float | None = None
+    throughput_per_accelerator: float | None = None
+    mfu: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        document = {k: v for k, v in self.__dict__.items() if k != "runs"}
+        document["runs"] = [to_json(run) for run in self.runs]
+        return document
+
+
+def olympic_average(scores: list[float], dropped: int, max_dropped: int = MAX_DROPPED) -> float | None:
+    """result_summarizer's _compute_olympic_average, on a copy."""
+    ordered = sorted(scores)
+    countable = ordered[max_dropped : len(ordered) - (max_dropped - dropped)]
+    return sum(countable) * 1.0 / len(countable) if countable else None
+
+
+def olympic_samples(runs: list[RunResult], max_dropped: int = MAX_DROPPED) -> float | None:
+    """The summarizer's samples_to_converge (via rcp_checker.get_submission_epochs)."""
+    per_run = [
+        float(r.samples_to_converge) if r.status == "success" and r.samples_to_converge else math.inf
+        for r in runs
+    ]
+    if sum(math.isinf(v) for v in per_run) > max_dropped:
+        return None
+    per_run.sort()
+    if len(per_run) < 2 * 1 + 1:
+        return None
+    return float(statistics.fmean(per_run[1 : len(per_run) - 1]))
+
+
+def score_group(
+    source: GroupSource,
+    runs: list[RunResult],
+    checked: bool,
+    price: float | None = None,
+    peak_tflops: float | None = None,
+) -> GroupResult:
+    """Score one group's runs. ``checked``: compliance ran, so a failed check drops the run."""
+    accelerators = source.accelerators or _agreed(r.accelerators_from_log for r in runs)
+    group = GroupResult(
+        path=str(source.path),
+        benchmark=_agreed(r.benchmark for r in runs) or source.path.name,
+        system=source.system or _agreed(r.platform for r in runs),
+        submitter=source.submitter or _agreed(r.submitter for r in runs),
+        accelerator_model=source.accelerator_model,
+        accelerators=accelerators,
+        ruleset=source.ruleset,
+        runs=runs,
+        run_count=len(runs),
+        scaling_factor=source.scaling_factor,
+        price_per_gpu_hour=price if price is not None else source.price_per_gpu_hour,
+        warnings=list(source.warnings),
+    )
+    peak = peak_tflops if peak_tflops is not None else source.peak_tflops
+    for run, log in zip(runs, source.files, strict=True):
+        run.accelerators = accelerators
+        flops = source.flops_per_sample.get(log)
+        if flops is None and not source.run_dir and run.benchmark == "flux1":
+            flops = FLUX_SCHNELL_FLOPS_PER_SAMPLE
+        _per_accelerator(run, flops, peak)
+        if checked:
+            run.scored = run.compliance == "passed" and run.minutes is not None
+        else:
+            run.scored = run.status == "success" and run.minutes is not None
+
+    scores = [run.minutes for run in runs if run.scored and run.minutes is not None]
+    dropped = len(runs) - len(scores)
+    if scores:
+        group.mean_minutes = statistics.fmean(scores)
+        group.min_minutes, group.max_minutes = min(scores), max(scores)
+    group.scored_runs = len(scores)
+    if dropped > MAX_DROPPED:
+        group.warnings.append(f"{dropped} runs failed: more than {MAX_DROPPED} allowed, so no olympic score")
+    else:
+        average = olympic_average(scores, dropped)
+        if average is None:
+            group.warnings.append(f"{len(scores)} scored run(s): too few for an olympic score")
+        else:
+            group.olympic_minutes = average * group.scaling_factor
+    if len(runs) < REQUIRED_RUNS:
+        group.warnings.append(f"{len(runs)} of the {REQUIRED_RUNS} runs a flux1 submission needs")
+    if len({r.global_batch_size for r in runs if r.global_batch_size}) > 1:
+        group.warnings.append("runs use different global batch sizes")
+    group.samples_to_converge = olympic_samples(runs)
+
+    if group.olympic_minutes is not None and accelerators:
+        group.gpu_hours = group.olympic_minutes * accelerators / 60
+        if group.price_per_gpu_hour is not None:
+            group.cost_usd = group.gpu_hours * group.price_per_gpu_hour
+    elif not accelerators:
+        group.warnings.append("accelerator count unknown: no GPU-hours, cost or per-accelerator figures")
+    measured = [r for r in runs if r.throughput_samples_per_s]
+    if measured:
+        group.throughput_samples_per_s = statistics.fmean(r.throughput_samples_per_s or 0 for r in measured)
+        if accelerators:
+            group.throughput_per_accelerator = group.throughput_samples_per_s / accelerators
+        mfus = [r.mfu for r in measured if r.mfu is not None]
+        group.mfu = statistics.fmean(mfus) if mfus else None
+    return group
+
+
+def _per_accelerator(run: RunResult, flops_per_sample: float | None, peak_tflops: float | None) -> None:
+    if not run.throughput_samples_per_s or not run.accelerators:
+        return
+    run.throughput_per_accelerator = run.throughput_samples_per_s / run.accelerators
+    if flops_per_sample and peak_tflops:
+        run.mfu = run.throughput_per_accelerator * flops_per_sample / (peak_tflops * 1e12)
+
+
+def _agreed(values: Any) -> Any:
+    """The one value all runs agree on, else None."""
+    distinct = {v for v in values if v is not None}
+    return distinct.pop() if len(distinct) == 1 else None

@@ -1,0 +1,319 @@
+"""flux-cluster report against the official result_summarizer, on real MLPerf v5.1 logs and crafted ones."""
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flux_cluster.cli import app
+from flux_cluster.report.build import Options, build
+from flux_cluster.report.harvest import harvest_run
+from flux_cluster.report.scoring import olympic_average
+
+ARCHIVE = Path(__file__).resolve().parent / "data" / "mlperf_v51_sample.tar.xz"
+GROUP = Path("NVIDIA/results/tyche_ngpu16_ngc25.09_nemo/flux1")
+OFFICIAL_MINUTES = 160.70693958333334
+OFFICIAL_SAMPLES = 8_388_608
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real v5.1 logs (tests/data/README.md), unpacked once."""
+    root = tmp_path_factory.mktemp("v51")
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(root, filter="data")
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root / "mlperf_v51_sample"
+
+
+def summarizer(tree: Path, tmp: Path) -> dict[str, str]:
+    """The official tool's flux1 row (its CSV keeps full precision; its JSON rounds to 10 digits)."""
+    out = tmp / "summary.csv"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.result_summarizer",
+            "NVIDIA",
+            "training",
+            "5.1.0",
+            "--csv",
+            str(out),
+        ],
+        cwd=tree,
+        check=True,
+        capture_output=True,
+    )
+    (row,) = csv.DictReader(out.with_name("summary_detailed.csv").open())
+    return row
+
+
+@pytest.fixture
+def tree(sample: Path, tmp_path: Path) -> Path:
+    """A copy of the sample to change (the summarizer also writes files where it runs)."""
+    shutil.copytree(sample, tmp_path / "sample")
+    return tmp_path / "sample"
+
+
+def report_json(cli: CliRunner, *args: str) -> dict:
+    result = cli.invoke(app, ["report", *args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_scores_equal_the_official_summarizer_on_real_v51_logs(
+    cli: CliRunner, tree: Path, tmp_path: Path
+) -> None:
+    official = summarizer(tree, tmp_path)
+    assert abs(float(official["flux1:time_to_train"]) - OFFICIAL_MINUTES) < 1e-9
+    for check in ("--check", "--no-check"):
+        (group,) = report_json(cli, str(tree), check)["groups"]
+        assert abs(group["olympic_minutes"] - float(official["flux1:time_to_train"])) < 1e-6, check
+        assert abs(group["olympic_minutes"] - OFFICIAL_MINUTES) < 1e-6
+        assert (
+            group["samples_to_converge"] == float(official["flux1:samples_to_converge"]) == OFFICIAL_SAMPLES
+        )
+        assert group["accelerators"] == int(official["accelerators_count"]) == 16
+        assert group["gpu_hours"] == pytest.approx(OFFICIAL_MINUTES * 16 / 60)
+        assert (
+            group["path"] == str(tree / GROUP) and group["benchmark"] == "flux1" and group["run_count"] == 10
+        )
+        assert all(r["status"] == "success" and r["scored"] for r in group["runs"])
+        assert {r["compliance"] for r in group["runs"]} == (
+            {"passed"} if check == "--check" else {"not checked"}
+        )
+        assert 50 < group["throughput_per_accelerator"] < 60  # GB200: ~56 samples/s per GPU (v5.1 notes)
+
+
+def test_json_names_are_the_documented_schema(sample: Path, cli: CliRunner) -> None:
+    document = report_json(cli, str(sample), "--no-check", "--price", "2.5")
+    (group,) = document["groups"]
+    group_keys = (
+        "path benchmark olympic_minutes runs accelerators gpu_hours cost_usd throughput_samples_per_s"
+    )
+    for key in (*group_keys.split(), "mean_minutes", "min_minutes", "max_minutes", "samples_to_converge"):
+        assert key in group, key
+    for key in ("file", "status", "minutes", "samples_to_converge", "final_eval_loss", "global_batch_size",
+                "learning_rate", "warmup_steps", "evals", "eval_minutes", "throughput_samples_per_s",
+                "throughput_per_accelerator", "compliance"):  # fmt: skip
+        assert key in group["runs"][0], key
+    assert group["cost_usd"] == pytest.approx(group["gpu_hours"] * 2.5)
+    run = group["runs"][0]
+    assert run["file"].endswith("result_0.txt") and run["samples_to_converge"] == 7_864_320
+    assert run["global_batch_size"] == 512 and run["learning_rate"] == 0.0002 and run["warmup_steps"] == 1600
+    assert run["minutes"] == pytest.approx((1759772002593 - 1759762953618) / 60000)
+
+
+def _write(path: Path, lines: list[bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def _lines(sample: Path) -> list[bytes]:
+    return (sample / GROUP / "result_0.txt").read_bytes().splitlines(keepends=True)
+
+
+def test_crafted_logs_give_a_status_and_a_warning_never_a_crash(sample: Path, tmp_path: Path) -> None:
+    original = harvest_run(sample / GROUP / "result_0.txt")
+    lines = _lines(sample)
+    stop = next(i for i, line in enumerate(lines) if b'"run_stop"' in line)
+
+    truncated = harvest_run(_write(tmp_path / "truncated.txt", [*lines[: stop - 5], lines[stop - 5][:40]]))
+    assert truncated.status == "incomplete" and truncated.minutes is None
+    assert any("no run_stop" in w for w in truncated.warnings) and any(
+        "malformed" in w for w in truncated.warnings
+    )
+
+    junk = [
+        b"\x00\xff\xfe garbage\n",
+        b":::MLLOG {not json\n",
+        b":::MLLOG " + "caf\u00e9".encode("latin-1") + b"\n",
+    ]
+    garbled = harvest_run(_write(tmp_path / "garbled.txt", lines[:100] + junk + lines[100:]))
+    assert garbled.status == "success" and garbled.minutes == original.minutes
+    assert any("2 malformed" in w for w in garbled.warnings) and any(
+        "non-UTF-8" in w for w in garbled.warnings
+    )
+
+    empty = harvest_run(_write(tmp_path / "empty.txt", []))
+    assert empty.status == "incomplete" and empty.warnings == ["empty file"]
+
+    start = next(i for i, line in enumerate(lines) if b'"run_start"' in line)
+    earlier = lines[start].replace(b'"time_ms": 1759762953618', b'"time_ms": 1759762900000')
+    twice = harvest_run(_write(tmp_path / "twice.txt", [*lines[:start], earlier, *lines[start:]]))
+    assert any("run_start x2" in w for w in twice.warnings)
+    assert twice.minutes == original.minutes  # as the summarizer: the last run_start before run_stop
+
+
+def test_interleaved_ranks_with_srun_labels_read_as_one_run(sample: Path, tmp_path: Path) -> None:
+    lines = _lines(sample)
+    mixed = [
+        label + line
+        for pair in zip(lines, lines, strict=True)
+        for label, line in zip((b"0: ", b"1: "), pair, strict=True)
+    ]
+    run = harvest_run(_write(tmp_path / "ranks.log", mixed))
+    original = harvest_run(sample / GROUP / "result_0.txt")
+    assert run.status == "success" and run.minutes == original.minutes
+    assert run.evals == original.evals == 30 and run.eval_curve == original.eval_curve
+    assert run.throughput_samples_per_s == pytest.approx(original.throughput_samples_per_s)
+    assert run.eval_minutes == pytest.approx(original.eval_minutes)
+    assert any("duplicate keys" in w for w in run.warnings)
+
+
+def test_failed_runs_follow_the_summarizer(tree: Path, tmp_path: Path) -> None:
+    group = tree / GROUP
+    lines = (group / "result_3.txt").read_bytes().splitlines(keepends=True)
+    (group / "result_3.txt").write_bytes(b"".join(lines[:-30]))  # truncated: no run_stop
+    official = summarizer(tree, tmp_path)
+    (checked,) = build([tree], Options(check=True))
+    assert checked.olympic_minutes == pytest.approx(float(official["flux1:time_to_train"]), abs=1e-6)
+    assert checked.samples_to_converge == float(official["flux1:samples_to_converge"])
+    assert checked.scored_runs == 9 and not checked.runs[3].scored and checked.runs[3].compliance == "failed"
+    scores = sorted(r.minutes for r in checked.runs if r.scored)
+    assert checked.olympic_minutes == pytest.approx(sum(scores[1:]) / 8)  # the failed run is the worst
+
+    (group / "result_5.txt").write_bytes(b"".join(lines[:-30]))
+    (two_failed,) = build([tree], Options(check=False))
+    assert two_failed.olympic_minutes is None and two_failed.gpu_hours is None
+    assert any("more than 1 allowed" in w for w in two_failed.warnings)
+
+
+def test_olympic_average_edge_cases() -> None:
+    assert olympic_average([3.0, 1.0, 2.0], dropped=0) == 2.0
+    assert olympic_average([1.0, 2.0], dropped=0) is None  # too few runs: nothing left to count
+    assert olympic_average([1.0, 2.0], dropped=1) == 2.0
+    assert olympic_average([5.0, 1.0, 2.0, 9.0], dropped=0) == 3.5
+
+
+def test_exit_codes_tell_nothing_found_from_reported(cli: CliRunner, tmp_path: Path) -> None:
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "empty_dir" / "notes.txt").write_text("no logs here\n")
+    nothing = cli.invoke(app, ["report", str(tmp_path / "empty_dir")])
+    assert nothing.exit_code == 1 and "no MLPerf result logs" in nothing.output
+    missing = cli.invoke(app, ["report", str(tmp_path / "nope")])
+    assert (
+        missing.exit_code == 2 and missing.output.startswith("error:") and "Traceback" not in missing.output
+    )
+    _write(tmp_path / "one" / "result_0.txt", [])
+    found = cli.invoke(app, ["report", str(tmp_path / "one"), "--no-check"])
+    assert found.exit_code == 0 and "empty file" in found.output
+
+
+def test_memory_stays_bounded_on_a_big_log(sample: Path, tmp_path: Path) -> None:
+    lines = _lines(sample)
+    stats = [line for line in lines if b"tracked_stats" in line]
+    body_at = next(i for i, line in enumerate(lines) if b'"run_start"' in line) + 1
+    big = tmp_path / "big.txt"
+    with big.open("wb") as out:
+        out.writelines(lines[:body_at])
+        for _ in range(200):  # ~60 MB of per-step statistics
+            out.writelines(stats * 1)
+        out.writelines(lines[body_at:])
+    tracemalloc.start()
+    run = harvest_run(big)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert big.stat().st_size > 50e6 and run.status == "success"
+    assert peak < 2e6, f"harvesting a {big.stat().st_size / 1e6:.0f} MB log peaked at {peak / 1e6:.1f} MB"
+
+
+def test_formats_agree_and_outputs_are_written_atomically(
+    sample: Path, cli: CliRunner, tmp_path: Path
+) -> None:
+    document = report_json(cli, str(sample), "--no-check")
+    for fmt in ("csv", "md", "table", "html"):
+        out = tmp_path / f"report.{fmt}"
+        result = cli.invoke(app, ["report", str(sample), "--no-check", "--format", fmt, "--output", str(out)])
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "report.csv",
+        "report.html",
+        "report.md",
+        "report.table",
+    ]
+    (row,) = csv.DictReader(io.StringIO((tmp_path / "report.csv").read_text()))
+    assert float(row["olympic_minutes"]) == document["groups"][0]["olympic_minutes"]
+    assert (
+        "| tyche_ngpu16_ngc25.09_nemo | flux1 | 16 | 10/10 | 160.71 |" in (tmp_path / "report.md").read_text()
+    )
+    assert "160.71" in (tmp_path / "report.table").read_text()
+
+
+def test_compare_gives_ratios(cli: CliRunner, tree: Path, tmp_path: Path) -> None:
+    faster = tmp_path / "b"
+    shutil.copytree(tree, faster)
+    (faster / GROUP / "scaling.json").write_text('{"scaling_factor": 0.5}')
+    document = report_json(cli, "--compare", str(tree), str(faster), "--no-check")
+    (pair,) = document["comparison"]["pairs"]
+    ratios = {m["key"]: m["ratio"] for m in pair["metrics"]}
+    assert ratios["olympic_minutes"] == pytest.approx(0.5) and ratios["gpu_hours"] == pytest.approx(0.5)
+    assert ratios["throughput_per_accelerator"] == pytest.approx(1.0)
+    table = cli.invoke(app, ["report", "--compare", str(tree), str(faster), "--no-check"])
+    assert table.exit_code == 0 and "0.500x" in table.output
+
+
+def test_html_loads_in_headless_chromium_and_shows_the_plots(
+    cli: CliRunner, tree: Path, tmp_path: Path
+) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian 'chromium' is not installed (tools/dev.sh test installs it as root)")
+    bigger = tmp_path / "more"
+    shutil.copytree(tree / "NVIDIA", bigger / "NVIDIA")
+    page = tmp_path / "report.html"
+    result = cli.invoke(app, ["report", str(tree), str(bigger), "--no-check", "-f", "html", "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    for external in (
+        "<script",
+        "<link",
+        "src=",
+        'href="http',
+        "url(http",
+        "@import",
+    ):  # self-contained: nothing to fetch
+        assert external not in html, external
+    browser = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [*browser, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<svg") == 4 and "tyche_ngpu16_ngc25.09_nemo" in dom.stdout
+    assert "CONSOLE" not in dom.stderr and "Failed to load" not in dom.stderr, dom.stderr[-2000:]
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*browser, "--window-size=1400,1400", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    from PIL import Image
+
+    pixels = Image.open(shot).convert("RGB")
+    colors = pixels.getcolors(maxcolors=1 << 20) or []
+    bar = sum(
+        n for n, (r, g, b) in colors if abs(r - 0x71) < 12 and abs(g - 0x8E) < 12 and abs(b - 0xC4) < 12
+    )
+    assert bar > 5000, "the screenshot shows no throughput/time-to-train bars"
+    assert sum(n for n, (r, g, b) in colors if r > 150 and g < 110 and b < 110) > 20, "no scaling points"
