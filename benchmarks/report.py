@@ -9,8 +9,9 @@ Two inputs:
   must not move).
 
 For each: wall time and peak RSS of the summarizer (it always runs the compliance checker) and of
-`flux-cluster report --format json` with --no-check and with --check, as separate processes, the
-best of --repeats. Scores are compared to the summarizer's (its CSV keeps full precision).
+`flux-cluster report --format json` with --no-check and (on the sample) --check, as separate
+processes, the best of --repeats (one run each on the big log: the summarizer takes many minutes).
+Scores are compared to the summarizer's (its CSV keeps full precision).
 """
 
 import argparse
@@ -74,11 +75,12 @@ def grow(log: Path, target_bytes: int) -> None:
         out.writelines(lines[body:])
 
 
-def bench(name: str, tree: Path, repeats: int) -> None:
+def bench(name: str, tree: Path, repeats: int, with_check: bool = True) -> None:
     size = sum(p.stat().st_size for p in (tree / GROUP).glob("result_*.txt"))
     rows = {"result_summarizer (official, checks)": lambda: official(tree)}
     rows["flux-cluster report --no-check"] = lambda: ours(tree, check=False)
-    rows["flux-cluster report --check"] = lambda: ours(tree, check=True)
+    if with_check:
+        rows["flux-cluster report --check"] = lambda: ours(tree, check=True)
     best: dict[str, tuple[float, float, float]] = {}
     for _ in range(repeats):  # interleaved, so machine noise hits all alike
         for label, run in rows.items():
@@ -124,9 +126,9 @@ def main() -> None:
             big = work / "synthetic"
             shutil.copytree(sample, big)
             grow(big / GROUP / "result_0.txt", int(args.synthetic_gb * 1e9))
-            bench(
-                f"sample with result_0.txt grown to {args.synthetic_gb:g} GB", big, max(1, args.repeats // 3)
-            )
+            # --check runs the same official checker the summarizer runs (in a worker): on a big log it
+            # costs what the summarizer costs, so only the streaming path is timed here.
+            bench(f"sample with result_0.txt grown to {args.synthetic_gb:g} GB", big, 1, with_check=False)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

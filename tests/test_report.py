@@ -95,7 +95,7 @@ def test_scores_equal_the_official_summarizer_on_real_v51_logs(
 
 
 def test_json_names_are_the_documented_schema(sample: Path, cli: CliRunner) -> None:
-    document = report_json(cli, str(sample), "--no-check", "--price", "2.5")
+    document = report_json(cli, str(sample), "--no-check", "--price", "2.5", "--peak-tflops", "2500")
     (group,) = document["groups"]
     group_keys = (
         "path benchmark olympic_minutes runs accelerators gpu_hours cost_usd throughput_samples_per_s"
@@ -107,6 +107,7 @@ def test_json_names_are_the_documented_schema(sample: Path, cli: CliRunner) -> N
                 "throughput_per_accelerator", "compliance"):  # fmt: skip
         assert key in group["runs"][0], key
     assert group["cost_usd"] == pytest.approx(group["gpu_hours"] * 2.5)
+    assert group["mfu"] == pytest.approx(group["throughput_per_accelerator"] * 20.42e12 / 2500e12, rel=1e-3)
     run = group["runs"][0]
     assert run["file"].endswith("result_0.txt") and run["samples_to_converge"] == 7_864_320
     assert run["global_batch_size"] == 512 and run["learning_rate"] == 0.0002 and run["warmup_steps"] == 1600

@@ -113,6 +113,9 @@ def report(
         _emit([*a, *b], output_format, output, check, compare_groups(compare[0], a, compare[1], b))
         return
     roots = list(paths) if paths else [runs_root(runs_dir)]
+    if not paths and not roots[0].exists():
+        typer.echo(f"no runs directory {roots[0]}: give result folders or logs as arguments", err=True)
+        raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
     _emit(_harvest(roots, options), output_format, output, check, None)
 
 

@@ -216,4 +216,3 @@ def print_comparison(comparison: dict[str, Any], console: Any) -> None:
         console.print(table)
     for unmatched in comparison["unmatched"]:
         console.print(f"[yellow]unmatched:[/] {unmatched}", highlight=False)
-

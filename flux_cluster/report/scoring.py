@@ -16,13 +16,14 @@ from typing import Any
 
 from flux_cluster.report.discover import GroupSource
 from flux_cluster.report.harvest import RunResult, to_json
+from flux_cluster.training.flops import FLUX_SCHNELL, training_flops_per_sample
 
 MAX_DROPPED = 1
 """Failed runs flux1's olympic score tolerates (result_summarizer: 4 for unet3d, 1 otherwise)."""
 REQUIRED_RUNS = 10
 """Result files a flux1 submission needs (mlperf_logging.benchmark_meta)."""
-FLUX_SCHNELL_FLOPS_PER_SAMPLE = 20.4e12
-"""Model FLOPs per flux1 training sample (flux_cluster.training.flops, 256 + 256 tokens)."""
+FLUX_SCHNELL_FLOPS_PER_SAMPLE = training_flops_per_sample(FLUX_SCHNELL)
+"""Model FLOPs per flux1 training sample (20.4 TFLOP: 256 image + 256 text tokens)."""
 
 
 @dataclass
