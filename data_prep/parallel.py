@@ -2,6 +2,7 @@
 
 import multiprocessing
 import queue
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
@@ -35,27 +36,44 @@ def run_parallel(
         return [fn(item, progress.advance) for item in items]
     context = multiprocessing.get_context("spawn")  # no fork of a process that runs rich's refresh thread
     reports = context.Queue()
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(items)),
-        mp_context=context,
-        initializer=_init_worker,
-        initargs=(reports,),
-    ) as pool:
-        futures: list[Future[Any]] = [pool.submit(_call, fn, item) for item in items]
-        pending = set(futures)
+    # Drained by a thread until the pool has shut down: an exiting worker waits for its queue to be
+    # flushed into the pipe, so a pipe nobody reads during shutdown would deadlock the join.
+    stop = threading.Event()
+    drainer = threading.Thread(target=_drain_until, args=(reports, progress, stop), daemon=True)
+    drainer.start()
+    try:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(items)),
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(reports,),
+        ) as pool:
+            futures: list[Future[Any]] = [pool.submit(_call, fn, item) for item in items]
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        if future.exception() is not None:
+                            raise future.exception()  # type: ignore[misc]
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+    finally:
+        stop.set()
+        drainer.join()
+    _drain(reports, progress)
+    return [future.result() for future in futures]
+
+
+def _drain_until(reports: Any, progress: StageProgress, stop: threading.Event) -> None:
+    while not stop.is_set():
         try:
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-                _drain(reports, progress)
-                for future in done:
-                    if future.exception() is not None:
-                        raise future.exception()  # type: ignore[misc]
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-        _drain(reports, progress)
-        return [future.result() for future in futures]
+            samples, nbytes = reports.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        progress.advance(samples, nbytes)
 
 
 def _drain(reports: Any, progress: StageProgress) -> None:

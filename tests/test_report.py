@@ -156,6 +156,27 @@ def test_crafted_logs_give_a_status_and_a_warning_never_a_crash(sample: Path, tm
     assert twice.minutes == original.minutes  # as the summarizer: the last run_start before run_stop
 
 
+def test_lines_read_as_the_official_parser_reads_them(sample: Path, tmp_path: Path) -> None:
+    original = harvest_run(sample / GROUP / "result_0.txt")
+    lines = _lines(sample)
+    start = next(i for i, line in enumerate(lines) if b'"run_start"' in line)
+    stop = next(i for i, line in enumerate(lines) if b'"run_stop"' in line)
+    odd = list(lines)
+    odd[start] = odd[start].rstrip(b"\n") + b"\r 45%|####      | 12/27 [00:03<00:04]\n"  # a progress bar
+    odd[stop] = odd[stop].rstrip(b"\n") + b"\x0c\n"  # str.strip() removes a form feed
+    for key, value in (("number_of_nodes", b"4"), ("accelerators_per_node", b"4")):  # a nested "key" first
+        nested = b':::MLLOG {"time_ms": 1, "metadata": {"key": "x"}, "key": "%s", "value": %s}\n'
+        odd.insert(start, nested % (key.encode(), value))
+    run = harvest_run(_write(tmp_path / "odd.txt", odd))
+    assert run.status == "success" and run.minutes == original.minutes and run.accelerators_from_log == 16
+    diverged = [
+        line.replace(b'"value": 0.5859129675503435', b'"value": NaN') if b'"eval_accuracy"' in line else line
+        for line in lines
+    ]
+    run = harvest_run(_write(tmp_path / "nan.txt", diverged))
+    assert run.evals == 29 and run.samples_to_converge is None and run.status == "success"
+
+
 def test_interleaved_ranks_with_srun_labels_read_as_one_run(sample: Path, tmp_path: Path) -> None:
     lines = _lines(sample)
     mixed = [
@@ -176,10 +197,20 @@ def test_failed_runs_follow_the_summarizer(tree: Path, tmp_path: Path) -> None:
     group = tree / GROUP
     lines = (group / "result_3.txt").read_bytes().splitlines(keepends=True)
     (group / "result_3.txt").write_bytes(b"".join(lines[:-30]))  # truncated: no run_stop
+    one = group / "result_1.txt"  # an early eval below the target, the run going on: the RCP rule decides
+    one_lines = one.read_text().splitlines(True)
+    second = [i for i, line in enumerate(one_lines) if "eval_accuracy" in line][1]
+    event = json.loads(one_lines[second].removeprefix(":::MLLOG "))
+    one_lines[second] = ":::MLLOG " + json.dumps({**event, "value": 0.5801}) + "\n"
+    one.write_text("".join(one_lines))
+    six = group / "result_6.txt"  # a log's own, stricter target
+    six.write_bytes(six.read_bytes().replace(b'"value": 0.586,', b'"value": 0.5855,', 1))
+    shutil.copy(group / "result_0.txt", group / "slurm-4242.out")  # not a result_*.txt: not a run
     official = summarizer(tree, tmp_path)
     (checked,) = build([tree], Options(check=True))
     assert checked.olympic_minutes == pytest.approx(float(official["flux1:time_to_train"]), abs=1e-6)
     assert checked.samples_to_converge == float(official["flux1:samples_to_converge"])
+    assert checked.run_count == 10 and checked.runs[1].samples_to_converge == 524_288
     assert checked.scored_runs == 9 and not checked.runs[3].scored and checked.runs[3].compliance == "failed"
     scores = sorted(r.minutes for r in checked.runs if r.scored)
     assert checked.olympic_minutes == pytest.approx(sum(scores[1:]) / 8)  # the failed run is the worst
@@ -209,6 +240,14 @@ def test_exit_codes_tell_nothing_found_from_reported(cli: CliRunner, tmp_path: P
     _write(tmp_path / "one" / "result_0.txt", [])
     found = cli.invoke(app, ["report", str(tmp_path / "one"), "--no-check"])
     assert found.exit_code == 0 and "empty file" in found.output
+    markup = tmp_path / "x[/y]" / "result_[bold red].txt"  # rich markup in names is text
+    _write(
+        markup,
+        [b':::MLLOG {"time_ms": 1, "key": "submission_platform", "value": "GB200 [/]", "metadata": {}}\n'],
+    )
+    shown = cli.invoke(app, ["report", str(markup.parent), "--no-check"])
+    assert shown.exit_code == 0 and "result_[bold red].txt" in shown.output, shown.output
+    assert cli.invoke(app, ["report", str(markup.parent), "-o", str(tmp_path)]).exit_code == 2
 
 
 def test_memory_stays_bounded_on_a_big_log(sample: Path, tmp_path: Path) -> None:

@@ -159,6 +159,8 @@ def _emit(
 ) -> None:
     from flux_cluster.report import formats
 
+    if output is not None and output.is_dir():
+        raise FluxClusterError(f"--output {output}: is a directory; give a file name")
     if output_format is Format.table:
         from rich.console import Console
 
@@ -168,7 +170,7 @@ def _emit(
             console = Console(
                 file=buffer if output else sys.stdout, width=200
             )  # files and pipes: no wrapping
-        formats.print_tables(groups, console)
+        formats.print_tables(groups, console, checked)
         if comparison is not None:
             formats.print_comparison(comparison, console)
         if output is None:
@@ -184,10 +186,14 @@ def _emit(
         from flux_cluster.report.html import render_html
 
         text = render_html(groups, checked, comparison)
+    # surrogateescape: a file name that is not UTF-8 comes out as its own bytes, not as an error
+    data = text.encode("utf-8", "surrogateescape")
     if output is None:
-        sys.stdout.write(text)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
         return
     from flux_cluster.atomic import write_atomic
 
-    write_atomic(output, text)
+    write_atomic(output, data)
     typer.echo(f"wrote {output}", err=True)

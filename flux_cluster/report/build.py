@@ -24,6 +24,10 @@ class Options:
     """Quality target for logs that do not log target_accuracy."""
 
 
+MAX_CHECKED_LINE = 64 << 10
+"""Longest line handed to the compliance checker (MLLOG lines are a few hundred bytes)."""
+
+
 class Tracker(Protocol):
     """Progress: told the amount of work once, then each unit done."""
 
@@ -61,6 +65,11 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
                 continue
             if any(w == "empty file" or w.startswith("unreadable:") for w in run.warnings):
                 run.compliance, run.compliance_messages = "failed", list(run.warnings)
+                tracker.advance("checking compliance")
+            elif run.longest_line > MAX_CHECKED_LINE:
+                # the official parser's re.sub(".*:::MLLOG ") is quadratic in the line length
+                message = f"a {run.longest_line:,}-byte line (a crash's NUL fill?): not given to the checker"
+                run.compliance, run.compliance_messages = "failed", [message]
                 tracker.advance("checking compliance")
             else:
                 jobs.append((log, source.ruleset))

@@ -1,7 +1,8 @@
 """Two groups, or two sets of groups, side by side with B/A ratios.
 
-One group on each side: they are compared. Otherwise groups pair up by system name, then by their
-path below the side's root; a group with no partner is listed as unmatched.
+One group on each side: they are compared. Otherwise groups pair up by system and benchmark when
+those are unique on both sides, else by their path below the side's root; a group with no partner
+is listed as unmatched.
 """
 
 from pathlib import Path
@@ -22,9 +23,11 @@ COMPARED = [
 ]
 
 
-def _key(group: GroupResult, root: Path) -> str:
-    if group.system:
-        return f"{group.system}/{group.benchmark}"
+def _system_key(group: GroupResult, root: Path) -> str:
+    return f"{group.system}/{group.benchmark}"
+
+
+def _path_key(group: GroupResult, root: Path) -> str:
     try:
         return str(Path(group.path).relative_to(root.absolute()))
     except ValueError:
@@ -41,9 +44,13 @@ def compare(a_root: Path, a: list[GroupResult], b_root: Path, b: list[GroupResul
     if len(a) == 1 and len(b) == 1:
         pairs.append((a[0], b[0]))
     else:
-        b_by_key = {_key(g, b_root): g for g in b}
-        for group in a:
-            partner = b_by_key.pop(_key(group, a_root), None)
+        a_keys = [_system_key(g, a_root) for g in a]
+        b_keys = [_system_key(g, b_root) for g in b]
+        if len(set(a_keys)) < len(a) or len(set(b_keys)) < len(b) or any(g.system is None for g in a + b):
+            a_keys, b_keys = [_path_key(g, a_root) for g in a], [_path_key(g, b_root) for g in b]
+        b_by_key = dict(zip(b_keys, b, strict=True))
+        for key, group in zip(a_keys, a, strict=True):
+            partner = b_by_key.pop(key, None)
             if partner is None:
                 unmatched.append(f"A {group.path}")
             else:

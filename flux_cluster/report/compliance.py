@@ -5,6 +5,7 @@ bounded and uses every core. It is the same call ``result_summarizer`` makes.
 """
 
 import logging
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -32,7 +33,8 @@ def check_logs(
     if not jobs:
         return
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    context = multiprocessing.get_context("spawn")  # no fork of a process running rich's refresh thread
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = {pool.submit(check_log, path, ruleset): i for i, (path, ruleset) in enumerate(jobs)}
         for future in as_completed(futures):
             if on_done is not None:

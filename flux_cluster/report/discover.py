@@ -1,18 +1,18 @@
 """Find result logs and what is known about the system that made them.
 
-A group is the set of result files in one directory (one system x one benchmark). Two layouts add
-facts to a group:
+A group is the set of result files in one directory (one system x one benchmark). Where a directory
+holds ``result_*.txt`` files, only those are its runs (as for the official tools); elsewhere any
+file holding ``:::MLLOG`` lines is one. Two layouts add facts to a group:
 
 - a flux-cluster run directory (``config.yaml`` + ``results/``): its ``results/result_*.txt`` (never
   ``results/interrupted/``), accelerators, price, peak TFLOP/s and ruleset from the config, and the
   model FLOPs per sample from the first line of ``metrics_<i>.jsonl``;
 - an MLPerf submission tree ``<org>/results/<system>/<benchmark>/result_N.txt`` with
   ``<org>/systems/<system>.json``: accelerator count and model, system name, submitter.
-
-Anywhere else, any file holding ``:::MLLOG`` lines is a result log, at any depth.
 """
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,7 +26,7 @@ from flux_cluster.report.harvest import TOKEN
 RESULT_NAME = re.compile(r"result_.*\.txt$")
 _SKIP_DIRS = {"checkpoints", "tensorboard", "interrupted", "__pycache__", "node_modules", "state"}
 _LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
-_SNIFF_BYTES = 1 << 20
+_SNIFF_BYTES = 8 << 20
 RULESETS = ("5.1.0", "6.0.0", "6.1.0")
 DEFAULT_RULESET = "5.1.0"
 """For logs with no run config and no 'vX.Y' in their path: the first round with flux1."""
@@ -76,8 +76,14 @@ def _add(by_dir: dict[Path, GroupSource], directory: Path, files: list[Path]) ->
 
 def _walk(root: Path) -> list[tuple[Path, list[Path]]]:
     found = []
-    for directory, dirs, names in os.walk(root):
+    seen: set[str] = set()
+    for directory, dirs, names in os.walk(root, followlinks=True):
         here = Path(directory)
+        real = os.path.realpath(here)
+        if real in seen:  # a symlink loop, or a tree linked twice
+            dirs[:] = []
+            continue
+        seen.add(real)
         if (here / "config.yaml").is_file() and (here / "results").is_dir():
             dirs[:] = []  # a run directory: only its results/result_*.txt
             results = here / "results"
@@ -86,17 +92,16 @@ def _walk(root: Path) -> list[tuple[Path, list[Path]]]:
                 found.append((results, [p for p in logs if p.is_file()]))
             continue
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-        logs = [here / n for n in sorted(names) if _is_result_log(here / n)]
+        named = [here / n for n in sorted(names) if RESULT_NAME.match(n) and (here / n).is_file()]
+        logs = named or [here / n for n in sorted(names) if _is_result_log(here / n)]
         if logs:
             found.append((here, logs))
     return found
 
 
 def _is_result_log(path: Path) -> bool:
-    if RESULT_NAME.match(path.name):
-        return path.is_file()  # even when empty or truncated: it is a run that must be reported
-    if path.suffix not in _LOG_SUFFIXES or path.name.startswith("."):
-        return False
+    if path.suffix not in _LOG_SUFFIXES or path.name.startswith(".") or not path.is_file():
+        return False  # not is_file: FIFOs and devices would block the read
     try:
         with path.open("rb") as handle:
             return TOKEN in handle.read(_SNIFF_BYTES)
@@ -118,10 +123,10 @@ def _describe(group: GroupSource) -> None:
     if scaling.is_file():
         document = _read_json(scaling, group)
         factor = document.get("scaling_factor") if isinstance(document, dict) else None
-        if isinstance(factor, int | float) and factor > 0:
-            group.scaling_factor = float(factor)
-        else:
-            group.warnings.append(f"{scaling}: no positive scaling_factor; ignored")
+        if isinstance(factor, int | float) and not isinstance(factor, bool) and math.isfinite(factor):
+            group.scaling_factor = float(factor)  # applied as the summarizer does, whatever its value
+        elif document is not None:
+            group.warnings.append(f"{scaling}: no numeric scaling_factor; ignored")
     if group.ruleset is None:
         match = re.search(r"v(\d+)\.(\d+)", str(group.path))
         candidate = f"{match.group(1)}.{match.group(2)}.0" if match else None
@@ -134,20 +139,26 @@ def _from_run_config(group: GroupSource, run_dir: Path) -> None:
         document = yaml.safe_load((run_dir / "config.yaml").read_text())
         system = document["system"]
         group.system = str(system["name"])
-        group.accelerators = int(system["nodes"]) * int(system["gpus_per_node"])
+        group.accelerators = _positive(system["nodes"], int) * _positive(system["gpus_per_node"], int)
         group.accelerator_model = str(system.get("gpu_model") or "") or None
-        price = float(system.get("price_per_gpu_hour") or 0)
-        group.price_per_gpu_hour = price or None
-        group.peak_tflops = float(system.get("peak_bf16_tflops") or 0) or None
-        group.ruleset = str((system.get("mlperf") or {}).get("ruleset") or "") or None
-        group.submitter = str((system.get("mlperf") or {}).get("submission_org") or "") or None
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        group.price_per_gpu_hour = _positive(system.get("price_per_gpu_hour"), float, strict=False)
+        group.peak_tflops = _positive(system.get("peak_bf16_tflops"), float, strict=False)
+        mlperf = system.get("mlperf") or {}
+        ruleset = str(mlperf.get("ruleset") or "") or None
+        if ruleset is not None and ruleset not in RULESETS:
+            group.warnings.append(
+                f"{run_dir / 'config.yaml'}: mlperf.ruleset {ruleset!r} is not one of {RULESETS}"
+            )
+            ruleset = None
+        group.ruleset = ruleset
+        group.submitter = str(mlperf.get("submission_org") or "") or None
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         group.warnings.append(f"{run_dir / 'config.yaml'}: unreadable run config ({type(exc).__name__})")
         return
     for log in group.files:
         index = log.stem.removeprefix("result_")
         flops = _first_record(group.path / f"metrics_{index}.jsonl").get("flops_per_sample")
-        if isinstance(flops, int | float) and flops > 0:
+        if _positive(flops, float, strict=False):
             group.flops_per_sample[log] = float(flops)
 
 
@@ -166,8 +177,11 @@ def _from_submission_tree(group: GroupSource) -> None:
     group.submitter = _str_or_none(document.get("submitter"))
     group.accelerator_model = _str_or_none(document.get("accelerator_model_name"))
     try:
-        group.accelerators = int(document["number_of_nodes"]) * max(int(document["accelerators_per_node"]), 1)
-    except (KeyError, TypeError, ValueError):
+        nodes, per_node = (
+            _positive(float(document[k]), int) for k in ("number_of_nodes", "accelerators_per_node")
+        )
+        group.accelerators = nodes * per_node
+    except (KeyError, TypeError, ValueError, OverflowError):
         group.warnings.append(f"{description}: no number_of_nodes x accelerators_per_node")
 
 
@@ -186,6 +200,15 @@ def _first_record(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def _positive(value: Any, kind: type, strict: bool = True) -> Any:
+    """value as kind if it is a finite number > 0; else ValueError, or None when not strict."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return kind(value)
+    if strict:
+        raise ValueError(f"not a positive number: {value!r}")
+    return None
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -42,33 +42,33 @@ GROUP_COLUMNS = [
     Column("benchmark", lambda g: g.benchmark, terminal=False),
     Column("accelerators", lambda g: g.accelerators),
     Column("runs scored", _runs),
-    Column("olympic min", lambda g: g.olympic_minutes, "{:.2f}"),
-    Column("mean min", lambda g: g.mean_minutes, "{:.2f}", terminal=False),
+    Column("olympic minutes", lambda g: g.olympic_minutes, "{:.2f}"),
+    Column("mean minutes", lambda g: g.mean_minutes, "{:.2f}", terminal=False),
     Column(
-        "min..max",
+        "minutes range",
         lambda g: (g.min_minutes, g.max_minutes) if g.min_minutes is not None else None,
         "{0[0]:.2f}..{0[1]:.2f}",
     ),
     Column("samples to converge", lambda g: g.samples_to_converge, "{:,.0f}"),
-    Column("samples/s", lambda g: g.throughput_samples_per_s, "{:,.1f}", terminal=False),
+    Column("samples/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
     Column("samples/s/acc", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
     Column("MFU", lambda g: g.mfu, "{:.1%}"),
-    Column("GPU-hours", lambda g: g.gpu_hours, "{:,.2f}"),
-    Column("cost USD", lambda g: g.cost_usd, "{:,.2f}"),
+    Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}"),
+    Column("USD per run", lambda g: g.cost_usd, "{:,.2f}"),
 ]
 
 RUN_COLUMNS = [
     Column("run", lambda r: Path(r.file).name),
     Column("status", lambda r: r.status),
     Column("minutes", lambda r: r.minutes, "{:.2f}"),
-    Column("scored", lambda r: "yes" if r.scored else "no", terminal=False),
+    Column("scored", lambda r: "yes" if r.scored else "no"),
     Column("samples to converge", lambda r: r.samples_to_converge, "{:,}"),
     Column("final eval", lambda r: r.final_eval_loss, "{:.4f}"),
     Column("GBS", lambda r: r.global_batch_size, terminal=False),
     Column("LR", lambda r: r.learning_rate, "{:g}", terminal=False),
     Column("warmup", lambda r: r.warmup_steps, terminal=False),
     Column("evals", lambda r: r.evals),
-    Column("eval min", lambda r: r.eval_minutes, "{:.2f}"),
+    Column("eval minutes", lambda r: r.eval_minutes, "{:.2f}"),
     Column("samples/s", lambda r: r.throughput_samples_per_s, "{:,.1f}", terminal=False),
     Column("samples/s/acc", lambda r: r.throughput_per_accelerator, "{:,.2f}"),
     Column("compliance", lambda r: r.compliance),
@@ -83,11 +83,18 @@ def to_document(groups: list[GroupResult], comparison: dict[str, Any] | None = N
 
 
 def render_json(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> str:
-    return json.dumps(to_document(groups, comparison), indent=2, allow_nan=False, default=_no_nan) + "\n"
+    return json.dumps(_finite(to_document(groups, comparison)), indent=2, allow_nan=False) + "\n"
 
 
-def _no_nan(value: Any) -> Any:
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+def _finite(value: Any) -> Any:
+    """NaN and infinities (a diverged run's loss, say) become null: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 CSV_FIELDS = [
@@ -145,28 +152,28 @@ def _batch_line(group: GroupResult) -> str:
     )
 
 
-def print_tables(groups: list[GroupResult], console: Any) -> None:
+def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     group_columns = [c for c in GROUP_COLUMNS if c.terminal]
     run_columns = [c for c in RUN_COLUMNS if c.terminal]
-    summary = Table(
-        title="flux-cluster report (olympic scores as MLPerf's result_summarizer)", title_justify="left"
-    )
+    rules = "as MLPerf's result_summarizer" if checked else "summarizer rules; compliance not checked"
+    summary = Table(title=f"flux-cluster report (olympic scores {rules})", title_justify="left")
     for column in group_columns:
         summary.add_column(column.header, justify="left" if column.header == "system" else "right")
     for group in groups:
-        summary.add_row(*(c.text(group) for c in group_columns))
+        summary.add_row(*(escape(c.text(group)) for c in group_columns))
     for group in groups:
-        title = f"{_name(group)} ({group.benchmark}): {group.path}\n{_batch_line(group)}"
-        runs = Table(title=title, title_justify="left", caption_justify="left")
+        title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}\n{_batch_line(group)}"
+        runs = Table(title=escape(title), title_justify="left")
         for column in run_columns:
             runs.add_column(column.header, justify="left" if column.header in ("run", "status") else "right")
         for run in group.runs:
-            runs.add_row(*(c.text(run) for c in run_columns), style=None if run.scored else "dim")
+            runs.add_row(*(escape(c.text(run)) for c in run_columns), style=None if run.scored else "dim")
         console.print(runs)
         for warning in all_warnings(group):
-            console.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False, soft_wrap=True)
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     console.print(summary)
 
 
@@ -190,8 +197,10 @@ def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
 def format_number(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1000:
+        return f"{value:,.0f}"
     if isinstance(value, float):
-        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
+        return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
@@ -200,10 +209,12 @@ def format_ratio(value: float | None) -> str:
 
 
 def print_comparison(comparison: dict[str, Any], console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     for pair in comparison["pairs"]:
-        table = Table(title=f"A: {pair['a_name']}  vs  B: {pair['b_name']}", title_justify="left")
+        title = f"A: {pair['a_name']} {pair['a_path']}\nB: {pair['b_name']} {pair['b_path']}"
+        table = Table(title=escape(title), title_justify="left")
         for header in ("metric", "A", "B", "B/A"):
             table.add_column(header, justify="left" if header == "metric" else "right")
         for metric in pair["metrics"]:
@@ -215,4 +226,4 @@ def print_comparison(comparison: dict[str, Any], console: Any) -> None:
             )
         console.print(table)
     for unmatched in comparison["unmatched"]:
-        console.print(f"[yellow]unmatched:[/] {unmatched}", highlight=False)
+        console.print(f"[yellow]unmatched:[/] {escape(unmatched)}", highlight=False)

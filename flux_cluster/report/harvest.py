@@ -11,7 +11,9 @@ the first ``run_stop``, and (run_stop - run_start) ms / 60,000.
 """
 
 import json
+import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -82,6 +84,10 @@ class RunResult:
     eval_curve: list[tuple[int, float]] = field(default_factory=list)
     """(samples_count, eval loss) of every evaluation, by samples_count."""
     accelerators_from_log: int | None = field(default=None, repr=False)
+    rcp_samples: float | None = field(default=None, repr=False)
+    """What MLPerf's RCP checker takes: the last eval's samples_count before the last run_stop, if
+    that run_stop says success (the group's samples to converge is built from these)."""
+    longest_line: int = field(default=0, repr=False)
 
 
 class _Intervals:
@@ -118,14 +124,19 @@ class _Scan:
     blocks: _Intervals = field(default_factory=_Intervals)
     eval_intervals: _Intervals = field(default_factory=_Intervals)
     counts: Counter[str] = field(default_factory=Counter)
+    last_eval_samples: Any = None
+    rcp_status: str | None = None
+    rcp_samples: Any = None
+    longest_line: int = 0
     mllog_lines: int = 0
     malformed: int = 0
     non_utf8: int = 0
     other_lines: int = 0
 
     def add(self, key: str, time_ms: float, value: Any, metadata: dict[str, Any]) -> None:
-        samples = metadata.get("samples_count")
-        samples = samples if isinstance(samples, int) else None
+        samples = _count(metadata.get("samples_count"))
+        if key == "run_stop":  # the RCP checker: the last run_stop decides, with the last eval before it
+            self.rcp_status, self.rcp_samples = str(metadata.get("status", "")), self.last_eval_samples
         if key == "run_start" or key == "run_stop":
             if self.run_start is None or self.run_stop is None:  # result_summarizer's loop
                 if key == "run_start":
@@ -133,9 +144,10 @@ class _Scan:
                 else:
                     self.run_stop, self.stop_status = time_ms, str(metadata.get("status", ""))
         elif key == "eval_accuracy":
+            self.last_eval_samples = metadata.get("samples_count")
             if samples is None:
                 self.evals_without_samples += 1
-            elif isinstance(value, int | float) and samples not in self.evals:
+            elif _finite(value) and samples not in self.evals:
                 self.evals[samples] = float(value)
         elif key == "block_start":
             self.blocks.start(time_ms, samples)
@@ -149,6 +161,17 @@ class _Scan:
             self.points.setdefault(key, value)
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> int | None:
+    """A samples_count: a whole, non-negative number (262144.0 counts as 262144)."""
+    if not _finite(value) or value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
 def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
     try:
         text = payload.decode("utf-8")
@@ -156,11 +179,13 @@ def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
         scan.non_utf8 += 1
         text = payload.decode("latin-1")  # what the official parser reads
     try:
-        event = json.loads(text)
+        event = json.loads(text.strip())  # str.strip, as the official parser (form feeds and all)
         time_ms = float(event["time_ms"])
         event["metadata"] = event.get("metadata") or {}
         if not isinstance(event["key"], str) or not isinstance(event["metadata"], dict):
             raise TypeError
+        if not math.isfinite(time_ms):
+            raise ValueError
         event["time_ms"] = time_ms
         return event
     except (ValueError, KeyError, TypeError):
@@ -168,37 +193,50 @@ def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
         return None
 
 
-def scan_file(path: Path) -> _Scan:
-    scan = _Scan()
+def _lines(path: Path) -> Iterator[bytes]:
+    """Lines as the official parser's text mode sees them: a lone \r ends a line too."""
     with path.open("rb") as handle:
         for line in handle:
-            at = line.rfind(TOKEN)  # the official parser keeps what follows the last token
-            if at < 0:
-                if line.strip():
-                    scan.other_lines += 1
-                    if not line.isascii():
-                        try:
-                            line.decode("utf-8")
-                        except UnicodeDecodeError:
-                            scan.non_utf8 += 1
+            if b"\r" in line:
+                yield from line.split(b"\r")
+            else:
+                yield line
+
+
+def scan_file(path: Path) -> _Scan:
+    scan = _Scan()
+    for line in _lines(path):
+        if len(line) > scan.longest_line:
+            scan.longest_line = len(line)
+        at = line.rfind(TOKEN)  # the official parser keeps what follows the last token
+        if at < 0:
+            if line.strip():
+                scan.other_lines += 1
+                if not line.isascii():
+                    try:
+                        line.decode("utf-8")
+                    except UnicodeDecodeError:
+                        scan.non_utf8 += 1
+            continue
+        scan.mllog_lines += 1
+        payload = line[at + len(TOKEN) :]
+        mark = payload.find(KEY_MARK)
+        if mark >= 0 and payload.find(KEY_MARK, mark + 1) >= 0:
+            mark = -1  # a nested "key" too: decode the whole line
+        if mark >= 0:
+            end = payload.find(b'"', mark + len(KEY_MARK))
+            key = payload[mark + len(KEY_MARK) : end].decode("latin-1")
+            scan.counts[key] += 1
+            if key not in _WANTED:
                 continue
-            scan.mllog_lines += 1
-            payload = line[at + len(TOKEN) :]
-            mark = payload.find(KEY_MARK)
-            if mark >= 0:
-                end = payload.find(b'"', mark + len(KEY_MARK))
-                key = payload[mark + len(KEY_MARK) : end].decode("latin-1")
-                scan.counts[key] += 1
-                if key not in _WANTED:
-                    continue
-            event = _decode(payload, scan)
-            if event is None:
+        event = _decode(payload, scan)
+        if event is None:
+            continue
+        if mark < 0:  # unusual spacing: the key was not found by the fast path
+            scan.counts[event["key"]] += 1
+            if event["key"] not in _WANTED:
                 continue
-            if mark < 0:  # unusual spacing: the key was not found by the fast path
-                scan.counts[event["key"]] += 1
-                if event["key"] not in _WANTED:
-                    continue
-            scan.add(event["key"], event["time_ms"], event.get("value"), event["metadata"])
+        scan.add(event["key"], event["time_ms"], event.get("value"), event["metadata"])
     return scan
 
 
@@ -215,9 +253,7 @@ def _block_samples(blocks: list[tuple[float, int | None]]) -> list[int] | None:
 
 
 def _number(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return kind(value)
+    return kind(value) if _finite(value) else None
 
 
 def harvest_run(path: Path, default_target: float = QUALITY_TARGET, name: str | None = None) -> RunResult:
@@ -248,6 +284,9 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
     if scan.evals_without_samples:
         warn(f"{scan.evals_without_samples} eval_accuracy line(s) without samples_count")
 
+    result.longest_line = scan.longest_line
+    if scan.rcp_status == "success" and scan.rcp_samples is not None:
+        result.rcp_samples = scan.rcp_samples if _finite(scan.rcp_samples) else math.inf
     result.benchmark = _text(points.get("submission_benchmark"))
     result.submitter = _text(points.get("submission_org"))
     result.platform = _text(points.get("submission_platform"))
@@ -258,7 +297,7 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
     target = _number(points.get("target_accuracy"), float)
     result.target = target if target is not None else default_target
     nodes, per_node = (_number(points.get(k), int) for k in ("number_of_nodes", "accelerators_per_node"))
-    if nodes and per_node:
+    if nodes and per_node and nodes > 0 and per_node > 0:
         result.accelerators_from_log = nodes * per_node
 
     if scan.run_start is None:
@@ -297,6 +336,7 @@ def _text(value: Any) -> str | None:
 
 def to_json(result: RunResult) -> dict[str, Any]:
     document = dict(result.__dict__)
-    document.pop("accelerators_from_log")
+    for private in ("accelerators_from_log", "rcp_samples", "longest_line"):
+        document.pop(private)
     document["eval_curve"] = [list(point) for point in result.eval_curve]
     return document

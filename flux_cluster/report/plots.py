@@ -1,6 +1,8 @@
 """The report's plots as inline SVG (matplotlib, no pyplot state): readable offline, no scripts."""
 
+import functools
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +16,24 @@ _STYLE = {"svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9, "
 
 
 def _label(group: GroupResult) -> str:
-    return f"{group.system or Path(group.path).name} ({group.accelerators or '?'})"
+    return _plain(f"{group.system or Path(group.path).name} ({group.accelerators or '?'})")
+
+
+def _plain(text: str) -> str:
+    return text.replace("$", r"\$")  # matplotlib reads $...$ as mathematics
+
+
+def _styled(draw: Callable[[list[GroupResult]], "Figure"]) -> Callable[[list[GroupResult]], str]:
+    """A plot function drawn in the report's style and returned as inline SVG."""
+
+    @functools.wraps(draw)
+    def as_svg(groups: list[GroupResult]) -> str:
+        import matplotlib
+
+        with matplotlib.rc_context(_STYLE):
+            return _svg(draw(groups))
+
+    return as_svg
 
 
 def _svg(figure: "Figure") -> str:
@@ -41,32 +60,32 @@ def _no_data(axes: "Axes", what: str) -> None:
     axes.text(0.5, 0.5, f"no {what} in these logs", ha="center", va="center", transform=axes.transAxes)
 
 
-def eval_loss(groups: list[GroupResult]) -> str:
+@_styled
+def eval_loss(groups: list[GroupResult]) -> "Figure":
     import matplotlib
 
-    with matplotlib.rc_context(_STYLE):
-        figure, axes = _figure("Validation loss vs samples, every run", height=4.5)
-        colors = matplotlib.colormaps["tab10"]
-        targets = set()
-        for i, group in enumerate(groups):
-            for j, run in enumerate(group.runs):
-                if not run.eval_curve:
-                    continue
-                samples, losses = zip(*run.eval_curve, strict=True)
-                axes.plot(
-                    samples, losses, color=colors(i % 10), alpha=0.75, linewidth=1,
-                    marker="." if len(samples) < 40 else None, label=_label(group) if j == 0 else None,
-                )  # fmt: skip
-                targets.add(run.target)
-        for target in sorted(targets):
-            axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
-        if targets:
-            axes.set_xlabel("samples")
-            axes.set_ylabel("eval loss")
-            axes.legend(fontsize=8)
-        else:
-            _no_data(axes, "evaluations")
-        return _svg(figure)
+    figure, axes = _figure("Validation loss vs samples, every run", height=4.5)
+    colors = matplotlib.colormaps["tab10"]
+    targets = set()
+    for i, group in enumerate(groups):
+        for j, run in enumerate(group.runs):
+            if not run.eval_curve:
+                continue
+            samples, losses = zip(*run.eval_curve, strict=True)
+            axes.plot(
+                samples, losses, color=colors(i % 10), alpha=0.75, linewidth=1,
+                marker="." if len(samples) < 40 else None, label=_label(group) if j == 0 else None,
+            )  # fmt: skip
+            targets.add(run.target)
+    for target in sorted(targets):
+        axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
+    if targets:
+        axes.set_xlabel("samples")
+        axes.set_ylabel("eval loss")
+        axes.legend(fontsize=8)
+    else:
+        _no_data(axes, "evaluations")
+    return figure
 
 
 def _bars(
@@ -80,73 +99,67 @@ def _bars(
     positions = range(len(shown))
     axes.bar(positions, [getattr(g, value) for g in shown], color="#4c72b0", alpha=0.8)
     for x, group in zip(positions, shown, strict=True):
-        points = [getattr(r, per_run) for r in group.runs if getattr(r, per_run) is not None]
+        points = [getattr(r, per_run) for r in group.runs if r.scored and getattr(r, per_run) is not None]
         axes.scatter([x] * len(points), points, color="black", s=8, zorder=3)
     axes.set_xticks(list(positions), [_label(g) for g in shown], rotation=20, ha="right")
     axes.set_ylabel(ylabel)
     return figure, axes
 
 
-def throughput(groups: list[GroupResult]) -> str:
-    import matplotlib
-
-    with matplotlib.rc_context(_STYLE):
-        figure, _ = _bars(
-            groups, "Training throughput per accelerator (bars: mean; dots: runs)",
-            "samples/s per accelerator", "throughput_per_accelerator", "throughput_per_accelerator",
-        )  # fmt: skip
-        return _svg(figure)
+@_styled
+def throughput(groups: list[GroupResult]) -> "Figure":
+    figure, _ = _bars(
+        groups, "Training throughput per accelerator (bars: mean; dots: scored runs)",
+        "samples/s per accelerator", "throughput_per_accelerator", "throughput_per_accelerator",
+    )  # fmt: skip
+    return figure
 
 
-def time_to_train(groups: list[GroupResult]) -> str:
-    import matplotlib
-
-    with matplotlib.rc_context(_STYLE):
-        figure, axes = _bars(
-            groups, "Time to train (bars: olympic score; dots: scored runs) and cost",
-            "minutes", "olympic_minutes", "minutes",
-        )  # fmt: skip
-        shown = [g for g in groups if g.olympic_minutes is not None]
-        for x, group in enumerate(shown):
-            note = f"{group.gpu_hours:,.1f} GPU-h" if group.gpu_hours is not None else ""
-            if group.cost_usd is not None:
-                note += f"\n${group.cost_usd:,.0f}"
-            axes.annotate(
-                note,
-                (x, (group.olympic_minutes or 0) / 2),
-                ha="center",
-                va="center",
-                color="white",
-                fontsize=9,
-            )
-        return _svg(figure)
+@_styled
+def time_to_train(groups: list[GroupResult]) -> "Figure":
+    figure, axes = _bars(
+        groups, "Time to train (bars: olympic score; dots: scored runs) and cost",
+        "minutes", "olympic_minutes", "minutes",
+    )  # fmt: skip
+    shown = [g for g in groups if g.olympic_minutes is not None]
+    for x, group in enumerate(shown):
+        note = f"{group.gpu_hours:,.1f} GPU-h" if group.gpu_hours is not None else ""
+        if group.cost_usd is not None:
+            note += f"\n${group.cost_usd:,.0f}"
+        axes.annotate(
+            note,
+            (x, (group.olympic_minutes or 0) / 2),
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+        )
+    return figure
 
 
-def scaling(groups: list[GroupResult]) -> str:
-    import matplotlib
-
-    with matplotlib.rc_context(_STYLE):
-        figure, axes = _figure("Scaling: accelerators vs time to train")
-        shown = [g for g in groups if g.accelerators and g.olympic_minutes is not None]
-        if not shown:
-            _no_data(axes, "groups with both an accelerator count and a score")
-            return _svg(figure)
-        xs = [g.accelerators for g in shown]
-        ys = [g.olympic_minutes for g in shown]
-        axes.scatter(xs, ys, color="#c44e52", zorder=3)
-        for group, x, y in zip(shown, xs, ys, strict=True):
-            axes.annotate(
-                group.system or Path(group.path).name,
-                (x, y),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=8,
-            )
-        axes.set_xscale("log", base=2)
-        axes.set_yscale("log")
-        axes.set_xlabel("accelerators")
-        axes.set_ylabel("olympic minutes")
-        return _svg(figure)
+@_styled
+def scaling(groups: list[GroupResult]) -> "Figure":
+    figure, axes = _figure("Scaling: accelerators vs time to train")
+    shown = [g for g in groups if g.accelerators and g.olympic_minutes is not None]
+    if not shown:
+        _no_data(axes, "groups with both an accelerator count and a score")
+        return figure
+    xs = [g.accelerators for g in shown]
+    ys = [g.olympic_minutes for g in shown]
+    axes.scatter(xs, ys, color="#c44e52", zorder=3)
+    for group, x, y in zip(shown, xs, ys, strict=True):
+        axes.annotate(
+            _plain(group.system or Path(group.path).name),
+            (x, y),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=8,
+        )
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("accelerators")
+    axes.set_ylabel("olympic minutes")
+    return figure
 
 
 def all_plots(groups: list[GroupResult]) -> dict[str, str]:

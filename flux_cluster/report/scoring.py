@@ -69,11 +69,11 @@ def olympic_average(scores: list[float], dropped: int, max_dropped: int = MAX_DR
 
 
 def olympic_samples(runs: list[RunResult], max_dropped: int = MAX_DROPPED) -> float | None:
-    """The summarizer's samples_to_converge (via rcp_checker.get_submission_epochs)."""
-    per_run = [
-        float(r.samples_to_converge) if r.status == "success" and r.samples_to_converge else math.inf
-        for r in runs
-    ]
+    """The summarizer's samples_to_converge (via rcp_checker.get_submission_epochs): none when the
+    runs' batch sizes differ or one is missing."""
+    if len({r.global_batch_size for r in runs}) != 1 or runs[0].global_batch_size is None:
+        return None
+    per_run = [float(r.rcp_samples) if r.rcp_samples is not None else math.inf for r in runs]
     if sum(math.isinf(v) for v in per_run) > max_dropped:
         return None
     per_run.sort()
@@ -93,7 +93,7 @@ def score_group(
     accelerators = source.accelerators or _agreed(r.accelerators_from_log for r in runs)
     group = GroupResult(
         path=str(source.path),
-        benchmark=_agreed(r.benchmark for r in runs) or source.path.name,
+        benchmark=_agreed(r.benchmark for r in runs),
         system=source.system or _agreed(r.platform for r in runs),
         submitter=source.submitter or _agreed(r.submitter for r in runs),
         accelerator_model=source.accelerator_model,
@@ -131,7 +131,7 @@ def score_group(
             group.warnings.append(f"{len(scores)} scored run(s): too few for an olympic score")
         else:
             group.olympic_minutes = average * group.scaling_factor
-    if len(runs) < REQUIRED_RUNS:
+    if group.benchmark == "flux1" and len(runs) < REQUIRED_RUNS:
         group.warnings.append(f"{len(runs)} of the {REQUIRED_RUNS} runs a flux1 submission needs")
     if len({r.global_batch_size for r in runs if r.global_batch_size}) > 1:
         group.warnings.append("runs use different global batch sizes")
