@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from checker import compliance_check
 
-from flux_cluster.training.mlperf_log import RULESETS, MlperfLog, Ruleset, RunFacts, evaluation_frequency
+from flux_cluster.mlperf_rules import RULESETS, Ruleset
+from flux_cluster.training.mlperf_log import MlperfLog, RunFacts, evaluation_frequency
 
 
 def write_run(path: Path, ruleset: Ruleset, *, gbs: int = 512, final_loss: float = 0.55) -> None:

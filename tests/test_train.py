@@ -20,9 +20,9 @@ from data_prep.ensure import default_root, ensure_synthetic_root
 from data_prep.loader import val_loader
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
+from flux_cluster.mlperf_rules import RULESETS
 from flux_cluster.rundir import list_runs
 from flux_cluster.training import model as M
-from flux_cluster.training.mlperf_log import RULESETS
 from flux_cluster.training.rectified_flow import validation_loss
 from flux_cluster.training.workload import load_workload
 

@@ -10,6 +10,7 @@ import typer
 
 from flux_cluster.cli.options import RunsDirOption
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.mlperf_rules import QUALITY_TARGET, RULESETS
 
 if TYPE_CHECKING:
     from flux_cluster.report.build import Options
@@ -26,10 +27,7 @@ class Format(StrEnum):
     html = "html"
 
 
-class Ruleset(StrEnum):
-    r510 = "5.1.0"
-    r600 = "6.0.0"
-    r610 = "6.1.0"
+RulesetChoice = StrEnum("RulesetChoice", {ruleset: ruleset for ruleset in RULESETS})
 
 
 def report(
@@ -54,7 +52,7 @@ def report(
         ),
     ] = True,
     ruleset: Annotated[
-        Ruleset | None,
+        RulesetChoice | None,
         typer.Option(
             help="Compliance ruleset \\[default: the run config's; else 'vX.Y' in the path; else 5.1.0].",
             show_default=False,
@@ -78,7 +76,7 @@ def report(
     ] = None,
     target: Annotated[
         float, typer.Option(min=0, help="Quality target for logs without target_accuracy.")
-    ] = 0.586,
+    ] = QUALITY_TARGET,
     compare: Annotated[
         tuple[Path, Path] | None,
         typer.Option(

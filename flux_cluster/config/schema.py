@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from flux_cluster.config.training import TrainConfig
+from flux_cluster.mlperf_rules import Ruleset
 
 # Characters shlex.quote leaves alone: safe inside an #SBATCH line without quoting.
 SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$")]
@@ -215,7 +216,7 @@ class MlperfConfig(_Section):
     """Check on every node that the data root is mounted and readable before starting."""
     check_compliance: bool = True
     """Run the MLPerf compliance checker on every result log after its repeat."""
-    ruleset: Literal["5.1.0", "6.0.0", "6.1.0"] = "6.1.0"
+    ruleset: Ruleset = "6.1.0"
     """MLPerf Training ruleset the logs are checked against."""
     submission_org: str = "flux-cluster"
     """submission_org in the result logs: the submitting organisation."""

@@ -4,9 +4,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from flux_cluster.mlperf_rules import QUALITY_TARGET
 from flux_cluster.report.compliance import check_logs
 from flux_cluster.report.discover import DEFAULT_RULESET, find_groups
-from flux_cluster.report.harvest import QUALITY_TARGET, RunResult, harvest_run
+from flux_cluster.report.harvest import RunResult, harvest_run
 from flux_cluster.report.scoring import GroupResult, score_group
 
 
@@ -21,7 +22,7 @@ class Options:
     peak_tflops: float | None = None
     """bf16 peak per accelerator for MFU; None: the run config's peak_bf16_tflops."""
     target: float = QUALITY_TARGET
-    """Quality target for logs that do not log target_accuracy."""
+    """Quality target for logs that do not log target_accuracy (a log's own wins)."""
 
 
 MAX_CHECKED_LINE = 64 << 10

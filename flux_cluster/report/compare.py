@@ -23,7 +23,7 @@ COMPARED = [
 ]
 
 
-def _system_key(group: GroupResult, root: Path) -> str:
+def _system_key(group: GroupResult) -> str:
     return f"{group.system}/{group.benchmark}"
 
 
@@ -44,8 +44,7 @@ def compare(a_root: Path, a: list[GroupResult], b_root: Path, b: list[GroupResul
     if len(a) == 1 and len(b) == 1:
         pairs.append((a[0], b[0]))
     else:
-        a_keys = [_system_key(g, a_root) for g in a]
-        b_keys = [_system_key(g, b_root) for g in b]
+        a_keys, b_keys = [_system_key(g) for g in a], [_system_key(g) for g in b]
         if len(set(a_keys)) < len(a) or len(set(b_keys)) < len(b) or any(g.system is None for g in a + b):
             a_keys, b_keys = [_path_key(g, a_root) for g in a], [_path_key(g, b_root) for g in b]
         b_by_key = dict(zip(b_keys, b, strict=True))

@@ -21,13 +21,13 @@ from typing import Any
 
 import yaml
 
+from flux_cluster.mlperf_rules import RULESETS
 from flux_cluster.report.harvest import TOKEN
 
 RESULT_NAME = re.compile(r"result_.*\.txt$")
 _SKIP_DIRS = {"checkpoints", "tensorboard", "interrupted", "__pycache__", "node_modules", "state"}
 _LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
 _SNIFF_BYTES = 8 << 20
-RULESETS = ("5.1.0", "6.0.0", "6.1.0")
 DEFAULT_RULESET = "5.1.0"
 """For logs with no run config and no 'vX.Y' in their path: the first round with flux1."""
 

@@ -19,10 +19,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from flux_cluster.mlperf_rules import QUALITY_TARGET
+
 TOKEN = b":::MLLOG "
 KEY_MARK = b'"key": "'
-QUALITY_TARGET = 0.586
-"""flux1's validation-loss target; a log's own target_accuracy wins."""
 
 _POINT_KEYS = frozenset(
     {
@@ -131,7 +131,6 @@ class _Scan:
     mllog_lines: int = 0
     malformed: int = 0
     non_utf8: int = 0
-    other_lines: int = 0
 
     def add(self, key: str, time_ms: float, value: Any, metadata: dict[str, Any]) -> None:
         samples = _count(metadata.get("samples_count"))
@@ -210,13 +209,11 @@ def scan_file(path: Path) -> _Scan:
             scan.longest_line = len(line)
         at = line.rfind(TOKEN)  # the official parser keeps what follows the last token
         if at < 0:
-            if line.strip():
-                scan.other_lines += 1
-                if not line.isascii():
-                    try:
-                        line.decode("utf-8")
-                    except UnicodeDecodeError:
-                        scan.non_utf8 += 1
+            if not line.isascii():
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    scan.non_utf8 += 1
             continue
         scan.mllog_lines += 1
         payload = line[at + len(TOKEN) :]

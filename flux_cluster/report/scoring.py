@@ -77,7 +77,7 @@ def olympic_samples(runs: list[RunResult], max_dropped: int = MAX_DROPPED) -> fl
     if sum(math.isinf(v) for v in per_run) > max_dropped:
         return None
     per_run.sort()
-    if len(per_run) < 2 * 1 + 1:
+    if len(per_run) < 3:  # one dropped at each end, one left
         return None
     return float(statistics.fmean(per_run[1 : len(per_run) - 1]))
 

@@ -15,11 +15,10 @@ from typing import Any, Literal
 from mlperf_logging.mllog import constants as c
 from mlperf_logging.mllog.mllog import MLLogger
 
-Ruleset = Literal["5.1.0", "6.0.0", "6.1.0"]
-RULESETS: tuple[Ruleset, ...] = ("5.1.0", "6.0.0", "6.1.0")
+from flux_cluster.mlperf_rules import Ruleset
+
 EVAL_INTERVAL_SAMPLES = 262_144
 """MLPerf evaluates flux1 every 262,144 samples, rounded up to whole steps."""
-QUALITY_TARGET = 0.586
 ADAMW = {"beta_1": 0.9, "beta_2": 0.95, "epsilon": 1e-08, "weight_decay": 0.1}
 """The only AdamW settings closed flux1 allows."""
 GRADIENT_CLIP_NORM = 1.0
