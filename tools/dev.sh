@@ -2,13 +2,14 @@
 # The README's two commands:
 #   tools/dev.sh run    set up, then run the main job on the embedded default (--system local)
 #   tools/dev.sh test   set up (Python deps; Slurm + shellcheck Debian packages when root), then run all tests
-# Also: tools/dev.sh setup (set-up only), tools/dev.sh lint.
+# Also: tools/dev.sh setup (set-up only), tools/dev.sh lint, tools/dev.sh lock (re-resolve requirements/runtime.lock).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${FLUX_CLUSTER_VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
-DEBIAN_PACKAGES=(shellcheck chromium)  # chromium: headless check of the HTML report
+# chromium: headless check of the HTML report; podman, runc, debootstrap: the image build test.
+DEBIAN_PACKAGES=(shellcheck chromium podman runc debootstrap)
 
 say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
 
@@ -18,15 +19,17 @@ setup_python() {
     [[ -x "$VENV/bin/python" ]] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
     local stamp="$VENV/.flux-cluster-installed"
     local want
-    want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)
+    want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements/runtime.lock" | sha256sum | cut -d' ' -f1)
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         return
     fi
-    say "installing Python dependencies into $VENV (torch 2.13.0 first, then the rest)"
+    say "installing Python dependencies into $VENV (torch 2.13.0 first, then requirements/runtime.lock)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     # torch first and pinned: energon, accelerate and peft require torch unpinned and would pull a CUDA build.
     "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" torch==2.13.0
-    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "${ROOT}[test]"
+    # The locked versions are the ones the images install: tests run against exactly those.
+    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -r "$ROOT/requirements/runtime.lock"
+    "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -c "$ROOT/requirements/runtime.lock" -e "${ROOT}[test]"
     echo "$want" > "$stamp"
 }
 
@@ -58,6 +61,11 @@ case "$cmd" in
         setup_python
         cd "$ROOT"
         exec "$VENV/bin/flux-cluster" submit --system local "$@"
+        ;;
+    lock)
+        setup_python
+        cd "$ROOT"
+        "$VENV/bin/python" -m flux_cluster.image.lock write
         ;;
     lint)
         setup_python

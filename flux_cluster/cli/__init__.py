@@ -1,12 +1,13 @@
 """The flux-cluster command line. Start-up stays light: heavy imports (torch, submitit, pydantic
 models) happen inside the commands that need them, never at import time."""
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
-from flux_cluster.cli import data, launch, report, runs, systems
+from flux_cluster import __version__
+from flux_cluster.cli import data, image, launch, report, runs, systems
 from flux_cluster.errors import FluxClusterError
 
 
@@ -33,7 +34,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"flux-cluster {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Run the MLPerf Training flux1 benchmark and FLUX fine-tuning on GPU clusters."""
+
+
 app.add_typer(systems.app, name="systems")
+app.add_typer(image.app, name="image")
 app.add_typer(runs.app, name="runs")
 app.add_typer(data.app, name="data")
 app.command()(launch.submit)

@@ -179,6 +179,7 @@ def launch(request: LaunchRequest) -> int:
     )
     script = render_script(plan)
     prepare_run_dir(plan, script, training)
+    _warn_if_image_missing(config)
     if request.dry_run:
         from flux_cluster.rundir import RunRecord
 
@@ -189,6 +190,21 @@ def launch(request: LaunchRequest) -> int:
     if config.launcher == "local":
         return _run_here(plan)
     return _submit(plan, script, request.wait)
+
+
+def _warn_if_image_missing(config: "SystemConfig") -> None:
+    """A missing .sqsh fails the job only when it starts, after its wait in the queue: say so now."""
+    if config.container.runtime != "pyxis":
+        return  # docker/podman images live on the compute nodes, not on this login node
+    from flux_cluster.image.status import image_status
+
+    status = image_status(config.container)
+    if status is not None and status.present is False:
+        typer.echo(
+            f"warning: {status.detail}; the job fails at start unless the compute nodes see it "
+            f"(build it: flux-cluster image build --system {config.name})",
+            err=True,
+        )
 
 
 def check_slurm_path(path: Path) -> None:

@@ -1,12 +1,17 @@
 """flux-cluster systems: list the shipped and site system configs, show one fully resolved."""
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flux_cluster.cli.options import SetOption
 from flux_cluster.errors import FluxClusterError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flux_cluster.config import SystemConfig
 
 app = typer.Typer(help="List and inspect system configs.", no_args_is_help=True)
 
@@ -84,4 +89,24 @@ def show_system(
     for key, value, source in rows:
         style = "dim" if source == "default" else ""
         table.add_row(key, json.dumps(value), source, style=style)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    _print_image_status(console, resolved.config, name)
+
+
+def _print_image_status(console: "Console", config: "SystemConfig", name: str) -> None:
+    from rich.markup import escape
+
+    from flux_cluster.image.status import image_status
+
+    status = image_status(config.container)
+    if status is None:
+        return
+    label = {
+        True: "[green]image present[/green]",
+        False: "[red]image missing[/red]",
+        None: "[yellow]image[/yellow]",
+    }
+    console.print(f"{label[status.present]}: {escape(status.detail)}", highlight=False)
+    if status.present is False:
+        console.print(f"  build it: flux-cluster image build --system {escape(name)}", highlight=False)

@@ -5,11 +5,20 @@ so a directive cannot be split or extended; every other string is shell-quoted w
 """
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from flux_cluster.config.training import TrainConfig
+from flux_cluster.image.names import REGISTRY, default_image, is_file_image
 from flux_cluster.mlperf_rules import Ruleset
 
 # Characters shlex.quote leaves alone: safe inside an #SBATCH line without quoting.
@@ -145,8 +154,39 @@ class ContainerConfig(_Section):
     runtime: Literal["pyxis", "docker", "podman", "none"] = "none"
     """How ranks start: Pyxis/enroot containers, one docker/podman container per node, or bare metal."""
     image: str | None = None
-    """Container image: a registry reference (pyxis 'nvcr.io#nvidia/pytorch:25.09-py3'), a .sqsh file, or a
-    docker/podman image name. Required unless runtime is 'none'."""
+    """Container image: a registry reference (pyxis 'nvcr.io#nvidia/pytorch:25.09-py3'), an absolute .sqsh
+    path, or a docker/podman image name. Empty: the image 'flux-cluster image build' makes for this
+    version and vendor (in image_dir for pyxis, else from registry, else the local name)."""
+    image_dir: str | None = None
+    """Folder of .sqsh images on a shared file system (pyxis): the default image is
+    '<image_dir>/flux-cluster+<version>-<vendor>.sqsh', the file 'image build --sqsh <image_dir>' writes."""
+    registry: str | None = None
+    """Registry the built images are pushed to ('image build --push REGISTRY'), e.g.
+    'registry.example.com/mlperf'; the default image is pulled from there when image_dir is not set."""
+
+    @field_validator("image", "image_dir", "registry", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value  # '${FLUX_CLUSTER_IMAGE:-}' left empty: use the default
+
+    @field_validator("registry")
+    @classmethod
+    def _registry_form(cls, value: str | None) -> str | None:
+        if value is not None and not REGISTRY.match(value):
+            raise ValueError(
+                "expected a registry host with an optional path, e.g. 'registry.example.com/mlperf'"
+            )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _sqsh_is_a_path(cls, value: str | None) -> str | None:
+        if value is not None and value.endswith(".sqsh") and not is_file_image(value):
+            raise ValueError(
+                "a .sqsh file must be an absolute path (Pyxis pulls anything not starting with '/' or './')"
+            )
+        return value
+
     mounts: list[Mount] = []
     """Extra bind mounts 'SRC:DST[:OPTS]'. The data root and the run directory are mounted automatically."""
     workdir: str = "/workspace/flux-cluster"
@@ -266,10 +306,30 @@ class SystemConfig(_Section):
     train: TrainConfig = TrainConfig()
     """How this system runs the training job: model, batch sizes, evaluation, checkpoints, parallelism."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_image(cls, data: Any) -> Any:
+        container = data.get("container") if isinstance(data, dict) else None
+        if not isinstance(container, dict) or container.get("image") not in (None, ""):
+            return data
+        image_dir, registry = container.get("image_dir"), container.get("registry")
+        image = default_image(
+            str(data.get("vendor")),
+            str(container.get("runtime", "none")),
+            image_dir if isinstance(image_dir, str) else None,
+            registry if isinstance(registry, str) else None,
+        )
+        return {**data, "container": {**container, "image": image}}
+
     @model_validator(mode="after")
     def _consistent(self) -> "SystemConfig":
-        if self.container.runtime != "none" and not self.container.image:
-            raise ValueError(f"container.image is required with container.runtime {self.container.runtime!r}")
+        container = self.container
+        if container.runtime != "none" and not container.image:
+            raise ValueError(
+                f"container.image is required with container.runtime {container.runtime!r} "
+                "(or set container.image_dir or container.registry "
+                "to run the image 'flux-cluster image build' makes)"
+            )
         if self.launcher == "local" and (self.nodes != 1 or self.container.runtime != "none"):
             raise ValueError(
                 "launcher 'local' runs on this machine: it needs nodes 1 and container.runtime none"

@@ -76,7 +76,7 @@ log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_
 # all inside the container; on_hosts runs one task per node outside it.
 on_hosts() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
 CONTAINER_NAME=flux-cluster-"$SLURM_JOB_ID"
-CONTAINER_IMAGE=flux-cluster+nvidia.sqsh
+CONTAINER_IMAGE=/lustre/mlperf/images/flux-cluster+0.1.0-nvidia.sqsh
 CONTAINER_MOUNTS=/lustre/mlperf/flux1/energon:/data,/lustre/mlperf/flux1/download:/source,/runs/data-convert/20260101-000000-dgx_h100x8:/runs/data-convert/20260101-000000-dgx_h100x8
 CONTAINER_ENV=TORCH_NCCL_ASYNC_ERROR_HANDLING,NCCL_DEBUG,NCCL_NVLS_ENABLE,CUDA_DEVICE_MAX_CONNECTIONS,HF_TOKEN
 PYXIS_ARGS=(--container-name="$CONTAINER_NAME" --container-mounts="$CONTAINER_MOUNTS"

@@ -83,7 +83,7 @@ RUNTIME=docker
 CONTAINER_NAME=flux-cluster-"$SLURM_JOB_ID"-"${SLURM_RESTART_COUNT:-0}"
 # Ranks register their PIDs here (inside the container) so a signal can be relayed to them alone.
 export FLUX_PID_DIR=/tmp/flux-cluster-ranks
-CONTAINER_IMAGE=flux-cluster:amd
+CONTAINER_IMAGE=flux-cluster:0.1.0-amd
 # Variables reach 'exec' by name only; docker/podman take their values from the srun task's environment.
 EXEC_ENV=(--env=SLURM_JOB_ID --env=SLURM_PROCID --env=SLURM_LOCALID --env=SLURM_NODEID --env=SLURM_NTASKS --env=SLURM_NTASKS_PER_NODE --env=SLURM_JOB_NUM_NODES --env=SLURM_RESTART_COUNT --env=SLURM_ARRAY_TASK_ID --env=MASTER_ADDR --env=MASTER_PORT --env=FLUX_RUN_DIR --env=FLUX_EXP_INDEX --env=FLUX_SEED --env=FLUX_RESULT_LOG --env=FLUX_CACHE_CLEARED --env=FLUX_DATA_DIR --env=FLUX_REQUEUE_MARKER --env=FLUX_PID_DIR --env=NCCL_DEBUG --env=TORCH_NCCL_HIGH_PRIORITY --env=HSA_FORCE_FINE_GRAIN_PCIE --env=HIP_FORCE_DEV_KERNARG --env=GPU_MAX_HW_QUEUES --env=NCCL_MIN_NCHANNELS --env=HF_TOKEN )
 stop_containers() { on_hosts "$RUNTIME" rm --force "$CONTAINER_NAME" >/dev/null 2>&1 || true; }
