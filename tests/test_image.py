@@ -313,6 +313,7 @@ def test_dry_run_prints_the_commands_and_runs_nothing(cli: CliRunner, tmp_path: 
         (["--vendor", "amd", "--builder", "buildah"], "--builder 'buildah': expected docker or podman"),
         (["--vendor", "amd", "--sqsh", "/tmp/x.img"], "--sqsh /tmp/x.img: expected an existing folder"),
         (["--vendor", "amd", "--context", "/tmp"], "no docker/amd/Dockerfile in /tmp"),
+        (["--system", "local_slurm"], "local_slurm: vendor 'cpu': expected one of nvidia, amd"),
     ],
 )
 def test_bad_input_is_one_line(cli: CliRunner, arguments: list[str], message: str) -> None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,10 +60,14 @@ def _build(env: dict[str, str], context: Path) -> subprocess.CompletedProcess[st
 
 
 @pytest.fixture(scope="module")
-def built(podman_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def built(podman_env: dict[str, str]) -> Iterator[subprocess.CompletedProcess[str]]:
     done = _build(podman_env, ROOT)
     yield done
-    _podman(podman_env, "rmi", "--force", IMAGE)
+    # every image the tests built (their tags move between builds); the test base stays for the next run
+    ids = _podman(
+        podman_env, "images", "--quiet", "--filter", "reference=localhost/flux-cluster:*"
+    ).stdout.split()
+    _podman(podman_env, "rmi", "--force", *set(ids))
 
 
 def test_the_build_labels_and_tags_the_image(

@@ -92,21 +92,21 @@ def build(
     if (vendor is None) == (system is None):
         raise FluxClusterError("give exactly one of --vendor (nvidia or amd) and --system")
     extra_tags = [image_build.check_reference("--tag", t) for t in tags or []]
-    sqsh_option = "--sqsh"
-    if system is not None:
+    sqsh_option, vendor_option = "--sqsh", "--vendor"
+    if system is not None:  # build exactly what the system runs
         from flux_cluster.config import load_system
 
         config = load_system(system, overrides or []).config
-        container, vendor = config.container, config.vendor
+        container, vendor, vendor_option = config.container, config.vendor, f"{system}: vendor"
         if container.runtime in image_build.BUILDERS and builder is None:
             builder = container.runtime
         image = container.image or ""
         if container.runtime == "pyxis" and is_file_image(image) and sqsh is None:
             sqsh, sqsh_option = Path(image), f"{system}: container.image"
         elif container.runtime in image_build.BUILDERS and image not in extra_tags:
-            extra_tags.append(image_build.check_reference("container.image", image))
+            extra_tags.append(image_build.check_reference(f"{system}: container.image", image))
     if vendor not in VENDORS:
-        raise FluxClusterError(f"--vendor {vendor!r}: expected one of {', '.join(VENDORS)}")
+        raise FluxClusterError(f"{vendor_option} {vendor!r}: expected one of {', '.join(VENDORS)}")
     if builder is None:
         builder = image_build.default_builder()
     if builder not in image_build.BUILDERS:
@@ -137,9 +137,7 @@ def build(
         revision=revision,
         extra_tags=tuple(extra_tags),
         push=push,
-        sqsh=image_build.resolve_sqsh(sqsh, vendor, version, sqsh_option, must_exist=not dry_run)
-        if sqsh
-        else None,
+        sqsh=sqsh,
         base_image=base_image,
         platform=platform,
     )
