@@ -1,39 +1,145 @@
-"""Training throughput of the FLUX transformer on one accelerator: samples/s, step time, TFLOP/s and MFU.
+"""Training throughput of the FLUX transformer on one GPU: the training job's own code path ("ours")
+against the same model trained the plain way ("peer"), in one run.
 
-    python benchmarks/train_throughput.py                     # GPU: flux-schnell width, reduced depth
-    python benchmarks/train_throughput.py --smoke             # CPU: the tiny preset, to check the script
+    python benchmarks/train_throughput.py --json out.json --markdown out.md    # GPU: all cases
+    python benchmarks/train_throughput.py --compile off      # a part (also --batches, --checkpointing)
+    python benchmarks/train_throughput.py --smoke              # CPU: tiny preset, checks the script
+    python benchmarks/train_throughput.py --memory-estimate    # full-depth flux-schnell per GPU, no GPU
 
-The model is the flux-schnell width (hidden 3072, 24 heads, 256 image + 256 text tokens) with fewer
-blocks (--double/--single) so it fits one GPU. Each case runs the training job's own code path: FSDP2
-``parallelize`` on a 1-rank mesh (bf16 compute, fp32 master weights and reduction), the rectified-flow
-loss, AdamW and grad clipping, over micro-batches (--batches), with and without torch.compile per block
-and activation checkpointing. FLOPs per sample come from the shape formula (flux_cluster/training/
-flops.py); MFU divides by the peak given (--peak-tflops, default: H100/H200 SXM dense bf16, 989).
-Every case is also reported as a ratio to the first case (eager, no checkpointing, smallest batch).
+The model has the flux-schnell width (hidden 3072, 24 heads, T5 4096 / CLIP 768, 256 image tokens from a
+32x32 latent and 256 text tokens) and fewer blocks (--double/--single, default 4+8) so that it fits one
+GPU. Each case is a micro-batch size x activation checkpointing mode x torch.compile on/off:
+
+- ours: what flux_cluster/training/loop.py runs: ``parallelize`` on a 1-rank mesh (FSDP2, bf16 parameters
+  from a MixedPrecisionPolicy over float32 master weights, gradients reduced in float32), checkpointing
+  per mode (full, alternate, single, ops, none), compile per block, ``attention_backend("auto")`` around
+  forward and backward, the rectified-flow loss, AdamW (fused on CUDA, foreach on CPU), clipping at 1.0.
+- peer: the same diffusers FluxTransformer2DModel trained the plain way: float32 weights on the device,
+  torch.autocast(bf16), fused AdamW, no FSDP; diffusers' ``enable_gradient_checkpointing()`` (full only:
+  the peer runs modes full and none), ``compile_repeated_blocks(fullgraph=True)``. It gets the same
+  attention kernels (cuDNN's SDPA backward fails at these shapes on the measured stack: attention.py).
+
+Per case: step time (steps back to back, one sync at the end), samples/s, TFLOP/s (FLOPs from the shape,
+flops.py), MFU against --peak-tflops (the datasheet's dense bf16, 989 for H100/H200 SXM) and against the
+bf16 GEMM peak measured at start (peak.py), peak memory (max_memory_allocated; nan on CPU), the memory
+estimate for ours (memory.py: eager, so compiled runs should peak below it), and a split by phase from
+extra steps timed with CUDA events: data (host-to-device copy of a pinned host batch: stands for the
+loader), forward, backward, clip, optimizer. Then ours/peer samples/s wherever both ran. A case that
+runs out of memory, or fails otherwise, gets a one-line note and the run goes on.
 """
 
 import argparse
-import itertools
-import os
+import gc
+import json
+import math
+import statistics
+import sys
 import time
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
 
+from flux_cluster.training.attention import attention_backend
 from flux_cluster.training.flops import training_flops_per_sample
-from flux_cluster.training.model import build_model, predict_velocity
+from flux_cluster.training.memory import estimate_memory
+from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM
+from flux_cluster.training.model import build_model, init_weights, predict_velocity
 from flux_cluster.training.parallelize import make_mesh, parallelize
+from flux_cluster.training.peak import measure_gemm_peak
 from flux_cluster.training.rectified_flow import interpolate, sample_latents
 from flux_cluster.training.workload import ModelArgs, load_workload
+
+MODES = ("full", "alternate", "single", "ops", "none")
+PEER_MODES = ("full", "none")
+PHASES = ("data", "forward", "backward", "clip", "optimizer")
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one run trains: the model and the token counts of a sample."""
+
+    args: ModelArgs
+    latent: int
+    text_tokens: int
+
+    @property
+    def image_tokens(self) -> int:
+        return (self.latent // 2) ** 2
 
 
 @dataclass(frozen=True)
 class Case:
+    impl: str  # "ours" or "peer"
     micro_batch: int
+    checkpointing: str
     compile: bool
-    checkpointing: bool
+
+
+@dataclass
+class Row:
+    impl: str
+    micro_batch: int
+    checkpointing: str
+    compile: bool
+    status: str = "ok"  # or "out of memory", or a one-line reason
+    step_ms: float = NAN
+    samples_per_s: float = NAN
+    tflops: float = NAN
+    mfu_datasheet: float = NAN
+    mfu_measured: float = NAN
+    peak_gb: float = NAN
+    estimate_gb: float = NAN
+    data_ms: float = NAN
+    forward_ms: float = NAN
+    backward_ms: float = NAN
+    clip_ms: float = NAN
+    optimizer_ms: float = NAN
+
+
+@dataclass
+class Trainer:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    input_dtype: torch.dtype  # what predict_velocity casts the inputs to
+    autocast: bool
+
+
+@dataclass
+class PhaseClock:
+    """Marks between phases of one step: CUDA events (read after the step) or perf_counter on the CPU."""
+
+    device: torch.device
+    marks: list[tuple[str, object]] = field(default_factory=list)
+
+    def __call__(self, name: str) -> None:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((name, event))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def phases_ms(self) -> dict[str, float]:
+        synchronize(self.device)
+        out = {}
+        for (_, start), (name, end) in zip(self.marks, self.marks[1:], strict=False):
+            cuda = self.device.type == "cuda"
+            out[name] = start.elapsed_time(end) if cuda else (end - start) * 1e3  # type: ignore[attr-defined]
+        return out
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def model_args(preset: str, double: int, single: int) -> ModelArgs:
@@ -41,102 +147,349 @@ def model_args(preset: str, double: int, single: int) -> ModelArgs:
     return args.model_copy(update={"num_layers": double, "num_single_layers": single})
 
 
-def run_case(
-    case: Case, args: ModelArgs, device: torch.device, latent: int, steps: int, warmup: int
-) -> float:
-    """Seconds per optimizer step (median of the timed steps)."""
+def adamw(params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    kind = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    betas = (ADAMW["beta_1"], ADAMW["beta_2"])
+    return torch.optim.AdamW(
+        params, lr=1e-4, betas=betas, eps=ADAMW["epsilon"], weight_decay=ADAMW["weight_decay"], **kind
+    )
+
+
+def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
     torch.manual_seed(0)
     model = build_model(args, meta_init=device.type == "cuda")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     parallelize(
         model,
         make_mesh(device, 1, 1),
         device,
-        param_dtype=dtype,
+        param_dtype=torch.bfloat16,
         activation_checkpointing=case.checkpointing,
         compile_blocks=case.compile,
     )
-    kind = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, **kind)
-    b, text = case.micro_batch, 256 if args.joint_attention_dim == 4096 else 16
-    mean = torch.randn(b, 16, latent, latent, device=device)
-    logvar = torch.full_like(mean, -4.0)
-    t5 = torch.randn(b, text, args.joint_attention_dim, device=device, dtype=torch.bfloat16)
-    clip = torch.randn(b, args.pooled_projection_dim, device=device, dtype=torch.bfloat16)
-    times = []
-    for step in range(warmup + steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        eps, noise, t = torch.randn_like(mean), torch.randn_like(mean), torch.rand(b, device=device)
-        x_t, target = interpolate(sample_latents(mean, logvar, eps), noise, t)
-        loss = F.mse_loss(predict_velocity(model, x_t, t, t5, clip, dtype).float(), target)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    del model, optimizer
+    params = list(model.parameters())
+    return Trainer(model, adamw(params, device), params, torch.bfloat16, autocast=False)
+
+
+def build_peer(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
+    torch.manual_seed(0)
+    model = build_model(args, meta_init=device.type == "cuda")
     if device.type == "cuda":
+        model.to_empty(device=device)
+        init_weights(model)
+    if case.checkpointing == "full":
+        model.enable_gradient_checkpointing()
+    if case.compile:
+        if hasattr(model, "compile_repeated_blocks"):
+            model.compile_repeated_blocks(fullgraph=True)
+        else:
+            for block in [*model.transformer_blocks, *model.single_transformer_blocks]:
+                block.compile(fullgraph=True)
+    params = list(model.parameters())
+    return Trainer(model, adamw(params, device), params, torch.float32, autocast=True)
+
+
+def host_batch(shape: Shape, micro_batch: int, cuda: bool) -> list[torch.Tensor]:
+    """A synthetic loader batch on the host (pinned for CUDA): latent mean and logvar, T5, CLIP."""
+    b, args = micro_batch, shape.args
+    batch = [
+        torch.randn(b, 16, shape.latent, shape.latent),
+        torch.full((b, 16, shape.latent, shape.latent), -4.0),
+        torch.randn(b, shape.text_tokens, args.joint_attention_dim, dtype=torch.bfloat16),
+        torch.randn(b, args.pooled_projection_dim, dtype=torch.bfloat16),
+    ]
+    return [x.pin_memory() for x in batch] if cuda else batch
+
+
+def train_step(
+    trainer: Trainer, batch: list[torch.Tensor], device: torch.device, mark: Callable[[str], None]
+) -> None:
+    """One optimizer step of one micro-batch, as the job's _train_step does it; ``mark`` after each phase."""
+    mean, logvar, t5, clip = (x.to(device, non_blocking=True) for x in batch)
+    mark("data")
+    eps, noise = torch.randn_like(mean), torch.randn_like(mean)
+    t = torch.rand(mean.shape[0], device=device)
+    x_t, target = interpolate(sample_latents(mean, logvar, eps), noise, t)
+    with attention_backend("auto", device):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=trainer.autocast):
+            prediction = predict_velocity(trainer.model, x_t, t, t5, clip, trainer.input_dtype)
+        loss = F.mse_loss(prediction.float(), target)
+        mark("forward")
+        loss.backward()
+        mark("backward")
+    torch.nn.utils.clip_grad_norm_(trainer.params, GRADIENT_CLIP_NORM)
+    mark("clip")
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    mark("optimizer")
+
+
+def run_case(case: Case, shape: Shape, device: torch.device, steps: int, warmup: int) -> dict[str, float]:
+    """Seconds per step (back to back, synced once) and the median ms of each phase over as many steps."""
+    build = build_ours if case.impl == "ours" else build_peer
+    trainer = build(case, shape.args, device)
+    batch = host_batch(shape, case.micro_batch, device.type == "cuda")
+    for _ in range(warmup):
+        train_step(trainer, batch, device, lambda _: None)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        train_step(trainer, batch, device, lambda _: None)
+    synchronize(device)
+    timings = {"step_s": (time.perf_counter() - start) / steps}
+    per_step = []
+    for _ in range(steps):
+        clock = PhaseClock(device)
+        clock("start")
+        train_step(trainer, batch, device, clock)
+        per_step.append(clock.phases_ms())
+    timings |= {f"{p}_ms": statistics.median(s[p] for s in per_step) for p in PHASES}
+    return timings
+
+
+def measure(case: Case, shape: Shape, device: torch.device, steps: int, warmup: int) -> Row:
+    """One case, out of memory and other failures included (as the row's status)."""
+    cuda = device.type == "cuda"
+    row = Row(case.impl, case.micro_batch, case.checkpointing, case.compile)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    torch._dynamo.reset()  # each case compiles its own blocks afresh: no recompile limits to hit
+    try:
+        timings = run_case(case, shape, device, steps, warmup)
+    except torch.OutOfMemoryError:
+        row.status = "out of memory"
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        row.status = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:160]
+    else:
+        row.step_ms = timings.pop("step_s") * 1e3
+        for name, value in timings.items():
+            setattr(row, name, value)
+        row.samples_per_s = case.micro_batch / row.step_ms * 1e3
+        row.peak_gb = torch.cuda.max_memory_allocated(device) / 1e9 if cuda else NAN
+    torch._dynamo.reset()
+    gc.collect()  # the trainer is garbage only now (the exception no longer holds its frames)
+    if cuda:
         torch.cuda.empty_cache()
-    return sorted(times)[len(times) // 2]
+    return row
+
+
+def cases(batches: list[int], modes: list[str], compiles: list[bool], impls: list[str]) -> list[Case]:
+    """Ours next to the peer for each setting, so the two see the machine in the same state."""
+    out = []
+    for micro_batch in batches:
+        for compiled in compiles:
+            for mode in modes:
+                for impl in impls:
+                    if impl == "ours" or mode in PEER_MODES:
+                        out.append(Case(impl, micro_batch, mode, compiled))
+    return out
+
+
+def ratios(rows: list[Row]) -> list[dict[str, object]]:
+    """ours/peer samples/s for each (micro-batch, checkpointing, compile) that both ran."""
+    ok = {(r.impl, r.micro_batch, r.checkpointing, r.compile): r for r in rows if r.status == "ok"}
+    out = []
+    for (impl, mbs, mode, compiled), ours in ok.items():
+        peer = ok.get(("peer", mbs, mode, compiled))
+        if impl == "ours" and peer is not None:
+            out.append(
+                {
+                    "micro_batch": mbs,
+                    "checkpointing": mode,
+                    "compile": compiled,
+                    "ours_samples_per_s": ours.samples_per_s,
+                    "peer_samples_per_s": peer.samples_per_s,
+                    "ours_over_peer": ours.samples_per_s / peer.samples_per_s,
+                }
+            )
+    return out
+
+
+# ---- output: a rich table on the console, a markdown table, JSON
+
+
+def _num(value: float, spec: str) -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+COLUMNS = (
+    ("impl", lambda r: r.impl),
+    ("mbs", lambda r: str(r.micro_batch)),
+    ("act-ckpt", lambda r: r.checkpointing),
+    ("compile", lambda r: "on" if r.compile else "off"),
+    ("step ms", lambda r: _num(r.step_ms, ".1f")),
+    ("samples/s", lambda r: _num(r.samples_per_s, ".2f")),
+    ("TFLOP/s", lambda r: _num(r.tflops, ".1f")),
+    ("MFU", lambda r: _num(r.mfu_datasheet, ".1%")),
+    ("MFU meas.", lambda r: _num(r.mfu_measured, ".1%")),
+    ("peak GB", lambda r: _num(r.peak_gb, ".1f")),
+    ("est. GB", lambda r: _num(r.estimate_gb, ".1f")),
+    *((f"{p} ms", lambda r, p=p: _num(getattr(r, f"{p}_ms"), ".1f")) for p in PHASES),
+    ("note", lambda r: "" if r.status == "ok" else r.status),
+)
+RATIO_COLUMNS = ("mbs", "act-ckpt", "compile", "ours samples/s", "peer samples/s", "ours/peer")
+
+
+def ratio_cells(ratio: dict) -> list[str]:
+    return [
+        str(ratio["micro_batch"]),
+        ratio["checkpointing"],
+        "on" if ratio["compile"] else "off",
+        f"{ratio['ours_samples_per_s']:.2f}",
+        f"{ratio['peer_samples_per_s']:.2f}",
+        f"{ratio['ours_over_peer']:.2f}x",
+    ]
+
+
+def rich_table(title: str, headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for header in headers:
+        table.add_column(header, justify="left" if header in ("impl", "note") else "right")
+    for cells in rows:
+        table.add_row(*cells)
+    return table
+
+
+def markdown_table(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(cells) + " |" for cells in rows)])
+
+
+def memory_table(
+    args: ModelArgs, worlds: list[int], batches: list[int], modes: list[str], gpu_gb: float
+) -> tuple[list[str], list[list[str]]]:
+    headers = ["world", "mbs", "act-ckpt", "weights+optim GB", "gathered GB", "activations GB", "total GB"]
+    rows = []
+    for world in worlds:
+        for micro_batch in batches:
+            for mode in modes:
+                e = estimate_memory(args, world, micro_batch, mode)
+                parts = (e.weights_and_optimizer_gb, e.gathered_params_gb, e.activations_gb, e.total_gb)
+                fits = "yes" if e.total_gb <= gpu_gb else "no"
+                rows.append([str(world), str(micro_batch), mode, *(f"{p:.1f}" for p in parts), fits])
+    return [*headers, f"fits {gpu_gb:g} GB"], rows
+
+
+def parse_args() -> argparse.Namespace:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--double", type=int, default=4, help="double-stream blocks (flux-schnell: 19)")
+    parser.add_argument("--single", type=int, default=8, help="single-stream blocks (flux-schnell: 38)")
+    parser.add_argument("--batches", default="8,16,32", help="micro-batch sizes")
+    parser.add_argument("--checkpointing", default="full,ops,none", help=f"modes, of {','.join(MODES)}")
+    parser.add_argument("--compile", default="off,on", help="torch.compile per block: off, on, or both")
+    parser.add_argument("--impls", default="ours,peer", help="ours (the job's code path), peer, or both")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps, and as many phase-timed ones")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 TFLOP/s")
+    parser.add_argument("--json", type=Path, help="write all rows and ratios here")
+    parser.add_argument("--markdown", type=Path, help="write the tables here, for docs/benchmarks.md")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny preset, 2 steps: checks the script")
+    parser.add_argument(
+        "--memory-estimate", action="store_true", help="print the full-depth flux-schnell estimate and exit"
+    )
+    parser.add_argument("--world-sizes", default="8,16,32,64", help="FSDP group sizes for --memory-estimate")
+    parser.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory for --memory-estimate")
+    args = parser.parse_args()
+    if args.smoke:  # the tiny preset on the CPU, eager, a few steps
+        args.batches, args.checkpointing, args.compile = "1,2", "full,none", "off"
+        args.steps, args.warmup = 2, 1
+    args.batches = [int(b) for b in args.batches.split(",")]
+    for option, known in (("checkpointing", MODES), ("compile", ("off", "on")), ("impls", ("ours", "peer"))):
+        values = getattr(args, option).split(",")
+        if unknown := set(values) - set(known):
+            parser.error(f"--{option}: unknown {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+        setattr(args, option, values)
+    args.compile = [value == "on" for value in args.compile]
+    args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    return args
+
+
+def print_memory_estimate(args: argparse.Namespace, console: Console) -> None:
+    full_depth = load_workload("flux1")[0].models["flux-schnell"]
+    headers, rows = memory_table(full_depth, args.world_sizes, args.batches, args.checkpointing, args.gpu_gb)
+    title = "Memory per GPU, estimated: flux-schnell (19+38 blocks), FSDP over 'world' ranks, bf16, eager"
+    console.print(rich_table(title, headers, rows))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--double", type=int, default=4, help="double-stream blocks (flux-schnell: 19)")
-    parser.add_argument("--single", type=int, default=8, help="single-stream blocks (flux-schnell: 38)")
-    parser.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes to measure")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--peak-tflops", type=float, default=989.0)
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny preset, 2 steps: checks the script")
-    args = parser.parse_args()
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+    args = parse_args()
+    # Piped output (a file, a test) gets a wide table rather than rich's 80 columns.
+    console = Console() if sys.stdout.isatty() else Console(width=240)
+    if args.memory_estimate:
+        print_memory_estimate(args, console)
+        return
+    # The peer's autocast feeds bf16 to float32 RMSNorm weights: torch says, once, it cannot fuse that.
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     if args.smoke:
-        shape, latent, batches, steps, warmup = model_args("tiny", 1, 1), 16, [1, 2], 2, 1
-        compile_options = [False]
+        shape = Shape(model_args("tiny", 1, 1), latent=16, text_tokens=16)
+        torch.set_num_threads(1)  # tiny matrices: threads only spin-wait, 3x slower on a busy 2-core VM
     else:
-        shape, latent = model_args("flux-schnell", args.double, args.single), 32
-        batches, steps, warmup = [int(b) for b in args.batches.split(",")], args.steps, args.warmup
-        compile_options = [False] if args.no_compile else [False, True]
-    flops = training_flops_per_sample(shape.shape(), (latent // 2) ** 2, 256 if not args.smoke else 16)
-    name = torch.cuda.get_device_name(0) if cuda else "cpu"
-    print(f"device {name}; hidden {shape.hidden}, {shape.num_layers}+{shape.num_single_layers} blocks, "
-          f"{flops / 1e12:.3f} TFLOP per training sample")  # fmt: skip
-    print(f"{'mbs':>4} {'compile':>8} {'act-ckpt':>9} {'step ms':>9} {'samples/s':>10} {'TFLOP/s':>9} "
-          f"{'MFU':>7} {'peak GB':>8} {'vs first':>9}")  # fmt: skip
-    baseline = None
-    for batch, compiled, checkpointing in itertools.product(batches, compile_options, [False, True]):
-        case = Case(batch, compiled, checkpointing)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        try:
-            seconds = run_case(case, shape, device, latent, steps, warmup)
-        except torch.OutOfMemoryError:
-            print(f"{batch:>4} {compiled!s:>8} {checkpointing!s:>9}   out of memory")
-            torch.cuda.empty_cache()
-            continue
-        rate = batch / seconds
-        tflops = rate * flops / 1e12
-        memory = torch.cuda.max_memory_allocated() / 1e9 if cuda else float("nan")
-        baseline = baseline or rate
-        row = (
-            f"{batch:>4} {compiled!s:>8} {checkpointing!s:>9} {seconds * 1e3:9.1f} {rate:10.2f} {tflops:9.1f}"
-        )
-        print(f"{row} {tflops / args.peak_tflops:7.1%} {memory:8.1f} {rate / baseline:8.2f}x", flush=True)
+        shape = Shape(model_args("flux-schnell", args.double, args.single), latent=32, text_tokens=256)
+
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    flops = training_flops_per_sample(shape.args.shape(), shape.image_tokens, shape.text_tokens)
+    gemm = measure_gemm_peak(device)
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    a = shape.args
+    header = (
+        f"device {name}, torch {torch.__version__}; hidden {a.hidden}, {a.num_layers}+{a.num_single_layers} "
+        f"blocks, {shape.image_tokens}+{shape.text_tokens} tokens, {flops / 1e12:.4g} TFLOP per training "
+        f"sample; MFU vs {args.peak_tflops:g} TFLOP/s (datasheet) and vs {gemm.tflops:.1f} (measured bf16 "
+        f"GEMM {'x'.join(map(str, gemm.shape))})"
+    )
+    console.print(header)
+    rows = []
+    for case in cases(args.batches, args.checkpointing, args.compile, args.impls):
+        row = measure(case, shape, device, args.steps, args.warmup)
+        row.tflops = row.samples_per_s * flops / 1e12
+        row.mfu_datasheet = row.tflops / args.peak_tflops
+        row.mfu_measured = row.tflops / gemm.tflops
+        if case.impl == "ours":
+            tokens = {"image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens}
+            row.estimate_gb = estimate_memory(a, 1, case.micro_batch, case.checkpointing, **tokens).total_gb
+        console.print(" ".join(f"{h} {c(row)}" for h, c in COLUMNS[:6]) + f" {row.status}", highlight=False)
+        rows.append(row)
     dist.destroy_process_group()
+
+    headers = [h for h, _ in COLUMNS]
+    cells = [[cell(r) for _, cell in COLUMNS] for r in rows]
+    ours_over_peer = ratios(rows)
+    ratio_rows = [ratio_cells(r) for r in ours_over_peer]
+    console.print(rich_table("Training throughput", headers, cells))
+    console.print(rich_table("ours / peer (samples/s)", RATIO_COLUMNS, ratio_rows))
+    if args.markdown:
+        tables = f"{markdown_table(headers, cells)}\n\n{markdown_table(RATIO_COLUMNS, ratio_rows)}"
+        args.markdown.write_text(f"{header}\n\n{tables}\n")
+    if args.json:
+        facts = {
+            "device": name,
+            "torch": torch.__version__,
+            "model": a.model_dump(),
+            "image_tokens": shape.image_tokens,
+            "text_tokens": shape.text_tokens,
+            "tflop_per_sample": flops / 1e12,
+            "peak_tflops_datasheet": args.peak_tflops,
+            "gemm_peak": asdict(gemm),
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "rows": [asdict(r) for r in rows],
+            "ratios": ours_over_peer,
+        }
+        args.json.write_text(json.dumps(_nan_to_null(facts), indent=1) + "\n")
+
+
+def _nan_to_null(value: object) -> object:
+    """Strict JSON: a value a case lacks (a failed case, memory on the CPU) is null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_null(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ SHIPPED_SYSTEMS = (
     "mi355x8",
     "local",
     "local_slurm",
+    "local_gpu",
 )
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 

@@ -41,7 +41,11 @@ def test_a_failing_training_step_fails_the_array_task(tmp_path: Path, bin_dir: P
     code, output = stand_ins.run(
         script, bin_dir, rules=[{"match": "flux_cluster.train", "exit": 3}], array_task="2"
     )
-    assert code == 3 and "failed with exit code 3" in output
+    assert code == 3 and "experiment 2 ended without reaching the quality target (exit code 3)" in output
+    code, output = stand_ins.run(
+        script, bin_dir, rules=[{"match": "flux_cluster.train", "exit": 1}], array_task="2"
+    )
+    assert code == 1 and "experiment 2 failed with exit code 1" in output
     ok, _ = stand_ins.run(script, bin_dir, array_task="2")
     assert ok == 0 and (case / "run" / "state" / "exp_2.done").exists()
 

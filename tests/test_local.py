@@ -12,9 +12,12 @@ from typer.testing import CliRunner
 from flux_cluster.cli import app
 from flux_cluster.rundir import RunRecord, list_runs, read_run_config
 
+# What every GPU system runs by default, on the CPU: bf16 compute with every block checkpointed.
+GPU_DEFAULTS = ("--set", "train.param_dtype=bfloat16", "--set", "train.activation_checkpointing=full")
+
 
 def test_local_preflight_runs_two_ranks(cli: CliRunner, workdir: Path) -> None:
-    result = cli.invoke(app, ["preflight", "--system", "local", "--seed", "11"])
+    result = cli.invoke(app, ["preflight", "--system", "local", "--seed", "11", *GPU_DEFAULTS])
     assert result.exit_code == 0, result.output
     assert re.search(r"all_reduce bus bandwidth \d+\.\d+ GB/s", result.output)
     (run_dir,) = list_runs(workdir / "runs")
@@ -24,6 +27,15 @@ def test_local_preflight_runs_two_ranks(cli: CliRunner, workdir: Path) -> None:
     report = json.loads((run_dir / "results" / "preflight_0.json").read_text())
     assert report["passed"] and [r["rank"] for r in report["ranks"]] == [0, 1]
     assert all(r["backend"] == "gloo" for r in report["ranks"])
+    for rank in report["ranks"]:  # every rank trained one block of the system's model with its settings
+        check = rank["model_check"]
+        assert check["ok"], check
+        assert check["settings"] == (
+            "tiny block, mbs 8, bfloat16, activation checkpointing full, compile off, attention auto"
+        )
+        assert check["attention_kernel"] == "math" and check["step_ms"] > 0
+        assert check["step_tflops"] > 0 and check["gemm_peak_tflops"] > 0
+    assert "model step per GPU" in result.output
     record = RunRecord.load(run_dir)
     assert record is not None and record.exit_code == 0
     status = cli.invoke(app, ["status"])
@@ -47,6 +59,26 @@ def test_local_preflight_fails_on_a_missing_data_root(cli: CliRunner, workdir: P
     )
     assert result.exit_code != 0
     assert "FAILED" in result.output and "missing or not a directory" in result.output
+
+
+def test_local_preflight_fails_in_one_line_when_the_model_step_cannot_run(
+    cli: CliRunner, workdir: Path
+) -> None:
+    """cuDNN attention does not exist on a CPU: a stand-in for a stack whose kernels fail (as cuDNN's
+    SDPA backward did on H100). The preflight must fail and say why, per rank, in one line."""
+    result = cli.invoke(app, ["preflight", "--system", "local", "--set", "train.attention_backend=cudnn"])
+    assert result.exit_code == 1, result.output
+    (verdict,) = [line for line in result.output.splitlines() if line.startswith("preflight: FAILED")]
+    for rank in (0, 1):
+        assert re.search(
+            rf"rank {rank}: the model step failed \(tiny block, .*attention cudnn\): RuntimeError: "
+            r"train\.attention_backend 'cudnn' cannot run attention on cpu",
+            verdict,
+        ), verdict
+    assert "Traceback" not in result.output
+    (run_dir,) = list_runs(workdir / "runs")
+    report = json.loads((run_dir / "results" / "preflight_0.json").read_text())
+    assert not report["passed"] and all(not r["model_check"]["ok"] for r in report["ranks"])
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -117,21 +117,62 @@ def test_a_folder_without_a_diffusers_config_is_refused(tmp_path: Path) -> None:
         M.load_pretrained(tmp_path)
 
 
-def test_the_throughput_benchmark_runs_on_cpu() -> None:
-    """benchmarks/train_throughput.py is GPU work; --smoke checks its code path (the job's own) on CPU."""
+def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/train_throughput.py is GPU work; --smoke checks its code paths on CPU (the job's own,
+    "ours", and the plain diffusers + autocast "peer"), and --memory-estimate prints its full-depth table
+    (meta device, no GPU)."""
+    import json
     import subprocess
     import sys
 
-    script = Path(__file__).parent.parent / "benchmarks" / "train_throughput.py"
+    script = [sys.executable, str(Path(__file__).parent.parent / "benchmarks" / "train_throughput.py")]
+    out = tmp_path / "throughput.json"
     result = subprocess.run(
-        [sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=300, check=False
+        [*script, "--smoke", "--json", str(out), "--markdown", str(tmp_path / "throughput.md")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
-    assert [(r[0], r[1], r[2]) for r in rows] == [
-        ("1", "False", "False"), ("1", "False", "True"), ("2", "False", "False"), ("2", "False", "True"),
-    ]  # fmt: skip
-    assert all(float(r[4]) > 0 for r in rows) and rows[0][-1] == "1.00x"
+    facts = json.loads(out.read_text())
+    rows = facts["rows"]
+    cases = sorted((r["impl"], r["micro_batch"], r["checkpointing"], r["compile"]) for r in rows)
+    assert cases == sorted(
+        (impl, mbs, mode, False) for impl in ("ours", "peer") for mbs in (1, 2) for mode in ("full", "none")
+    )
+    phases = ("data_ms", "forward_ms", "backward_ms", "clip_ms", "optimizer_ms")
+    for row in rows:
+        assert row["status"] == "ok" and row["samples_per_s"] > 0 and row["peak_gb"] is None  # no GPU
+        assert all(row[phase] > 0 for phase in phases), row
+        assert (row["estimate_gb"] is not None) == (row["impl"] == "ours")
+    # The console table has a row per case, and the ours/peer ratio of every setting both ran.
+    table = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│ ")]
+    assert table.count("ours") == table.count("peer") == 4
+    assert len(facts["ratios"]) == 4
+    speed = {(r["impl"], r["micro_batch"], r["checkpointing"]): r["samples_per_s"] for r in rows}
+    for ratio in facts["ratios"]:
+        setting = (ratio["micro_batch"], ratio["checkpointing"])
+        ours, peer = speed[("ours", *setting)], speed[("peer", *setting)]
+        assert ratio["ours_over_peer"] == ours / peer
+        assert f"{ours / peer:.2f}x" in result.stdout
+    assert "| ours | 1 | full | off |" in (tmp_path / "throughput.md").read_text()
+
+    options = ["--world-sizes", "8,64", "--batches", "16", "--checkpointing", "full,none"]
+    estimate = subprocess.run(
+        [*script, "--memory-estimate", *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    table_rows = [line.split("│")[1:-1] for line in estimate.stdout.splitlines() if line.startswith("│ ")]
+    cells = {(row[0].strip(), row[2].strip()): [cell.strip() for cell in row[3:]] for row in table_rows}
+    assert list(cells) == [("8", "full"), ("8", "none"), ("64", "full"), ("64", "none")]
+    total = {key: float(values[3]) for key, values in cells.items()}  # weights, gathered, activations, total
+    assert total[("64", "full")] < total[("8", "full")] < total[("8", "none")]
+    assert cells[("8", "full")][-1] == "yes" and cells[("8", "none")][-1] == "no"  # fits 80 GB
 
 
 def test_guidance_distilled_checkpoints_get_a_guidance_value(tmp_path: Path) -> None:

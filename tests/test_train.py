@@ -2,7 +2,9 @@
 kill-and-resume determinism, and LoRA / full fine-tuning outputs."""
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,11 +115,15 @@ def finish(process: subprocess.Popen[str]) -> str:
     return output
 
 
+GPU_DEFAULTS = ("train.param_dtype=bfloat16", "train.activation_checkpointing=full")
+"""What every GPU system runs (with compile, tested once below): bf16 compute, every block checkpointed."""
+
 SHORT_RUN = (
     "train.max_samples=960",  # 60 steps of 16
     "train.eval_every_steps=20",
     "train.target=0.01",  # out of reach: the run ends at its budget
     "train.loader_workers=1",  # the loader state includes a worker's
+    *GPU_DEFAULTS,  # checkpoints of wrapped blocks keep diffusers' names and resume exactly
 )
 
 
@@ -132,7 +138,9 @@ def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losse
     process = start_ranks(interrupted, FLUX_PID_DIR=str(pids))
     metrics_file = interrupted / "results" / "metrics_0.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not metrics_file.exists() or len(metrics(interrupted)) < 25):
+    while time.monotonic() < deadline and (
+        not metrics_file.exists() or len([r for r in metrics(interrupted) if "loss" in r]) < 25
+    ):
         time.sleep(0.1)
     for pid_file in pids.glob("*.pid"):  # what Slurm's --signal=USR1@lead does: every rank gets it
         os.kill(int(pid_file.read_text()), signal.SIGUSR1)
@@ -154,9 +162,34 @@ def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losse
     assert f'"status": "aborted", "samples_count": {stopped_at * 16}' in first_attempt.read_text()
 
 
-@pytest.mark.parametrize("mode", ["lora", "finetune"])
+def test_the_gpu_defaults_train_on_two_cpu_ranks_and_a_missed_target_is_one_line(
+    cli: CliRunner, workdir: Path
+) -> None:
+    """bf16, full activation checkpointing and fullgraph-compiled blocks under FSDP2, the defaults of
+    every GPU system (NCCL aside), through the README's command; the budget ends before the target."""
+    sets = [*GPU_DEFAULTS, "train.compile=true", "train.max_samples=128", "train.eval_every_steps=4"]
+    sets += ["train.target=0.01", "train.log_every_steps=4"]
+    result = cli.invoke(app, ["submit", "--system", "local", *(x for s in sets for x in ("--set", s))])
+    assert result.exit_code == 3, result.output[-3000:]
+    assert "[train] the run ended without reaching the quality target" in result.output
+    assert "ENDED WITHOUT REACHING THE TARGET (exit 3)" in result.output
+    assert "Traceback" not in result.output and "ChildFailedError" not in result.output
+    assert "attention kernel: math (train.attention_backend auto)" in result.output
+    assert re.search(r"data wait +\d+\.\d ms .* \(\d+\.\d% of measured peak\)", result.output)
+    (run_dir,) = list_runs(workdir / "runs")
+    rows = metrics(run_dir)
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert len(losses) == 8 and all(math.isfinite(x) for x in losses)
+    assert all(r["data_wait_s"] >= 0 for r in rows if "loss" in r)
+    header = json.loads((run_dir / "results" / "metrics_0.jsonl").read_text().splitlines()[0])
+    assert header["measured_peak_tflops"] > 0 and header["attention_kernel"] == "math"
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert len(evals) == 2 and evals[1] < evals[0]
+
+
+@pytest.mark.parametrize(("mode", "checkpointing"), [("lora", "full"), ("finetune", "ops")])
 def test_fine_tuning_saves_weights_that_reproduce_the_last_evaluation(
-    cli: CliRunner, workdir: Path, mode: str, synthetic_cache: Path
+    cli: CliRunner, workdir: Path, mode: str, checkpointing: str, synthetic_cache: Path
 ) -> None:
     args = load_workload("flux1")[0].models["tiny"]
     torch.manual_seed(1)
@@ -170,6 +203,7 @@ def test_fine_tuning_saves_weights_that_reproduce_the_last_evaluation(
         "train.eval_every_steps=20",
         "train.learning_rate=1e-2",
         "mlperf.check_compliance=false",
+        f"train.activation_checkpointing={checkpointing}",  # the saved weights keep diffusers' names
     )
     process = start_ranks(run_dir)
     assert "run_stop aborted" in finish(process) and process.returncode == 0  # fine-tuning runs its budget

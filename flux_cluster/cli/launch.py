@@ -280,7 +280,14 @@ def _run_here(plan: "JobPlan") -> int:
         f"{plan.system.gpus_per_node} local processes)"
     )
     code = run_local(plan.run_dir / SCRIPT_FILE, plan.run_dir)
-    verdict = "[green]COMPLETED[/green]" if code == 0 else f"[red]FAILED (exit {code})[/red]"
+    from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
+
+    if code == 0:
+        verdict = "[green]COMPLETED[/green]"
+    elif code == NOT_CONVERGED_EXIT_CODE and plan.job.writes_mlperf_log:
+        verdict = f"[yellow]ENDED WITHOUT REACHING THE TARGET (exit {code})[/yellow]"
+    else:
+        verdict = f"[red]FAILED (exit {code})[/red]"
     console.print(f"[bold]run[/bold] {plan.run_dir}: {verdict}")
     return code
 

@@ -8,8 +8,10 @@ time, and that plan is what the ranks read.
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+CheckpointMode = Literal["full", "alternate", "single", "ops", "none"]
+AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 ModelPresetName = Literal["flux-schnell", "small", "tiny"]
 TrainMode = Literal["pretrain", "finetune", "lora"]
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
@@ -65,10 +67,15 @@ class TrainConfig(BaseModel):
     """Complete checkpoints kept per repeat; older ones are deleted after a new one is committed."""
     checkpoint_dir: str | None = None
     """Where checkpoints go; None: <run dir>/checkpoints (a shared file system on clusters)."""
-    activation_checkpointing: bool = True
-    """Recompute each block's activations in the backward pass (the reference does, for memory)."""
+    activation_checkpointing: CheckpointMode = "full"
+    """Which blocks recompute their activations in the backward pass: 'full' (every block, the reference),
+    'alternate' (every other block), 'single' (the single-stream blocks), 'ops' (every block, keeping its
+    matmul and attention outputs: only cheap ops are recomputed), 'none'. true/false mean full/none."""
     compile: bool = False
-    """torch.compile each transformer block."""
+    """torch.compile each transformer block (fullgraph)."""
+    attention_backend: AttentionBackend = "auto"
+    """SDPA kernel: 'auto' (flash, then memory-efficient, then math on GPUs, never cuDNN, whose backward
+    failed at FLUX shapes on H100; math on CPU), or exactly one of flash, efficient, cudnn, math."""
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Dtype of the parameters in compute (FSDP's mixed precision); master weights and gradient reduction
     stay float32."""
@@ -91,6 +98,11 @@ class TrainConfig(BaseModel):
     """Write TensorBoard scalars to <run dir>/tensorboard/."""
     synthetic_data: SyntheticDataConfig | None = None
     """Generate this synthetic dataset when paths.data_root is unset (into the user cache) or empty."""
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_flag(cls, value: object) -> object:
+        return {True: "full", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":

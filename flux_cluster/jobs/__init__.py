@@ -50,3 +50,7 @@ def data_job(stage: str) -> JobKind:
 
 PREFLIGHT_MINUTES = 10
 """Walltime budget of one preflight repeat, soak time added on top."""
+
+NOT_CONVERGED_EXIT_CODE = 3
+"""Exit code of a pretraining run whose sample budget ran out before the quality target (run_stop
+'aborted'). Fine-tuning runs train for their budget and end normally there."""

@@ -1,6 +1,8 @@
 """Preflight job, run on every rank: versions, accelerators, an all_reduce check with its bandwidth,
-and the data and log roots. ``--soak-seconds`` keeps the interconnect busy and reports stability; it
-saves its progress on SIGUSR1 and asks the job script to requeue it (flux_cluster/jobs/signals.py).
+the data and log roots, and a few training steps of one block of the system's model with its own train
+settings on every GPU (flux_cluster/jobs/model_check.py), with the GPU's measured bf16 GEMM peak.
+``--soak-seconds`` keeps the interconnect busy and reports stability; it saves its progress on SIGUSR1
+and asks the job script to requeue it (flux_cluster/jobs/signals.py).
 
 Launched by ``flux-cluster preflight`` (and with ``--comm-only`` before training when comm_test is on).
 """
@@ -163,6 +165,34 @@ def print_summary(
             f"{row['busbw_gbps']:.3f} GB/s",
         )
     console.print(bw)
+    checks = [r for r in reports if r.get("model_check")]
+    if checks:
+        model = Table(title=f"preflight: model step per GPU ({checks[0]['model_check']['settings']})")
+        for column in (
+            "rank",
+            "host",
+            "device",
+            "attention",
+            "step ms",
+            "step TFLOP/s",
+            "GEMM peak",
+            "of peak",
+        ):
+            model.add_column(column, justify="right")
+        for r in checks:
+            check, accel = r["model_check"], r["accelerators"]
+            device = accel["names"][r["local_rank"]] if accel["count"] > r["local_rank"] else "cpu"
+            if check["ok"]:
+                figures = (
+                    f"{check['step_ms']:.1f}",
+                    f"{check['step_tflops']:.3g}",
+                    f"{check['gemm_peak_tflops']:.3g}",
+                    f"{check['step_tflops'] / check['gemm_peak_tflops']:.0%}",
+                )
+            else:
+                figures = ("FAILED", "-", "-", "-")
+            model.add_row(str(r["rank"]), r["host"], device, check.get("attention_kernel", "-"), *figures)
+        console.print(model)
     best = max(row["busbw_gbps"] for row in bandwidth)
     print(f"preflight: all_reduce bus bandwidth {best:.3f} GB/s (best of {len(bandwidth)} sizes)", flush=True)
     verdict = "PASSED" if not failures else "FAILED: " + "; ".join(failures)
@@ -208,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         report["data_root"] = check_directory(os.environ.get("FLUX_DATA_DIR", system.paths.data_root), False)
         report["run_dir"] = check_directory(str(run_dir), True)
 
+    if not args.comm_only:
+        report["model_check"] = _model_check(system, info)
+
     soak_stats: dict[str, Any] | None = None
     if args.soak_seconds > 0:
         state_file = run_dir / "state" / f"preflight_soak_{exp}.json"
@@ -238,9 +271,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not failures else 1
 
 
+def _model_check(system: Any, info: DistInfo) -> dict[str, Any]:
+    from flux_cluster.errors import FluxClusterError
+    from flux_cluster.jobs.model_check import own_mesh, run_model_check
+    from flux_cluster.training.workload import resolve_training
+
+    mesh = own_mesh(info.device)  # collective: before anything that can fail on one rank only
+    try:
+        plan = resolve_training(system)
+    except FluxClusterError as exc:
+        return {"ok": False, "settings": "the system's train section", "detail": str(exc)}
+    return run_model_check(plan, info.device, mesh)
+
+
 def _failures(reports: list[dict[str, Any]], all_reduce_correct: bool, vendor: str) -> list[str]:
     failures = [] if all_reduce_correct else ["all_reduce returned a wrong sum"]
     for r in reports:
+        check = r.get("model_check")
+        if check and not check["ok"]:
+            failures.append(
+                f"{r['host']} rank {r['rank']}: the model step failed "
+                f"({check['settings']}): {check['detail']}"
+            )
         for key in ("data_root", "run_dir"):
             if r[key] and not r[key]["ok"]:
                 failures.append(f"{r['host']}: {key.replace('_', ' ')} {r[key]['path']}: {r[key]['detail']}")

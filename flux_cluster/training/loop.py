@@ -25,7 +25,9 @@ from mlperf_logging.mllog import constants as c
 from data_prep.loader import train_loader, val_loader
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
 from flux_cluster.jobs.signals import StopRequest, finish_interrupted
+from flux_cluster.training.attention import attention_backend, probe_backend
 from flux_cluster.training.checkpoint import Checkpointer
 from flux_cluster.training.flops import training_flops_per_sample
 from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM, MlperfLog, RunFacts
@@ -38,12 +40,9 @@ from flux_cluster.training.model import (
     save_lora,
 )
 from flux_cluster.training.parallelize import make_mesh, parallelize
+from flux_cluster.training.peak import measure_gemm_peak
 from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
 from flux_cluster.training.workload import ModelArgs, TrainingPlan
-
-NOT_CONVERGED_EXIT_CODE = 3
-"""Exit code of a pretraining run whose sample budget ran out before the target (run_stop 'aborted').
-Fine-tuning runs train for their budget and end normally there."""
 
 
 @dataclass(frozen=True)
@@ -87,9 +86,15 @@ class Progress:
 
 
 def train(ctx: JobContext) -> int:
-    """Run one repeat on this rank; returns the process exit code."""
-    cfg, plan = ctx.plan.train, ctx.plan
+    """Run one repeat on this rank; returns the process exit code. The attention kernel choice holds for
+    the whole run: forward, backward and activation recomputation."""
     info = init_distributed(ctx.system.dist_backend)
+    with attention_backend(ctx.plan.train.attention_backend, info.device):
+        return _train(ctx, info)
+
+
+def _train(ctx: JobContext, info: DistInfo) -> int:
+    cfg, plan = ctx.plan.train, ctx.plan
     # Before the loader forks workers, so they inherit the handlers; only SIGUSR1 asks for a requeue.
     stop = StopRequest(on_sigterm=True).install()
     rank0 = info.rank == 0
@@ -158,8 +163,27 @@ def train(ctx: JobContext) -> int:
         _say(rank0, f"resumed from {resume_from} at step {progress.step} ({progress.samples:,} samples)")
 
     model_args = ModelArgs.of(model.config)  # a pretrained checkpoint's own shape, not the preset's
-    flops_per_sample = training_flops_per_sample(model_args.shape(), *_token_counts(ctx, model_args))
-    meter = _Meter(ctx, info, flops_per_sample)
+    image_tokens, text_tokens = _token_counts(ctx, model_args)
+    flops_per_sample = training_flops_per_sample(model_args.shape(), image_tokens, text_tokens)
+    try:
+        kernel = probe_backend(
+            cfg.attention_backend,
+            info.device,
+            dtype,
+            model_args.num_attention_heads,
+            model_args.attention_head_dim,
+            image_tokens + text_tokens,
+        )
+    except RuntimeError as exc:
+        raise SystemExit(f"{ctx.config_filename}: {exc}") from None
+    peak = measure_gemm_peak(info.device, dtype)
+    _say(
+        rank0,
+        f"attention kernel: {kernel} (train.attention_backend {cfg.attention_backend}); measured "
+        f"{peak.dtype} GEMM peak {peak.tflops:.3g} TFLOP/s at {'x'.join(map(str, peak.shape))} "
+        f"(datasheet: {ctx.system.peak_bf16_tflops:g})",
+    )
+    meter = _Meter(ctx, info, flops_per_sample, peak.tflops, kernel)
     tensorboard = _tensorboard(ctx) if rank0 and cfg.tensorboard else None
     _say(
         rank0,
@@ -182,11 +206,13 @@ def train(ctx: JobContext) -> int:
         if not in_block:  # also right after a resume in the middle of a block
             mllog.start(c.BLOCK_START, metadata={"samples_count": block_samples, "step": progress.step})
             in_block = True
-        loss, grad_norm = _train_step(model, optimizer, params, batches, generator, ctx, info, dtype)
+        loss, grad_norm, data_wait = _train_step(
+            model, optimizer, params, batches, generator, ctx, info, dtype
+        )
         scheduler.step()
         progress.step += 1
         progress.samples += cfg.global_batch_size
-        meter.record(progress, loss, grad_norm, scheduler.get_last_lr()[0], tensorboard)
+        meter.record(progress, loss, grad_norm, data_wait, scheduler.get_last_lr()[0], tensorboard)
 
         if progress.step % plan.eval_every_steps == 0:
             mllog.end(c.BLOCK_STOP, metadata={"samples_count": block_samples, "step": progress.step})
@@ -231,13 +257,17 @@ def _train_step(
     ctx: JobContext,
     info: DistInfo,
     dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over grad_accum_steps micro-batches; returns (mean loss, gradient norm)."""
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One optimizer step over grad_accum_steps micro-batches; returns (mean loss, gradient norm, seconds
+    spent waiting for the loader)."""
     accumulate = ctx.plan.grad_accum_steps
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=info.device)
+    data_wait = 0.0
     for micro in range(accumulate):
+        waited = time.perf_counter()
         batch = next(batches)
+        data_wait += time.perf_counter() - waited
         model.set_requires_gradient_sync(micro == accumulate - 1)  # type: ignore[operator]
         mean, logvar = batch.mean.to(info.device), batch.logvar.to(info.device)
         eps = torch.randn(mean.shape, generator=generator, device=info.device)
@@ -258,7 +288,7 @@ def _train_step(
         total += loss.detach() / accumulate
     grad_norm = torch.nn.utils.clip_grad_norm_(params, GRADIENT_CLIP_NORM)
     optimizer.step()
-    return total, grad_norm
+    return total, grad_norm, data_wait
 
 
 def _evaluate(
@@ -421,11 +451,20 @@ def _tensorboard(ctx: JobContext) -> Any:
 class _Meter:
     """Progress lines every log_every_steps (rank 0), TensorBoard scalars and the metrics file."""
 
-    def __init__(self, ctx: JobContext, info: DistInfo, flops_per_sample: float) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        info: DistInfo,
+        flops_per_sample: float,
+        measured_peak_tflops: float,
+        attention_kernel: str,
+    ) -> None:
         self.ctx, self.info, self.flops_per_sample = ctx, info, flops_per_sample
         self.peak_tflops = ctx.system.peak_bf16_tflops
+        self.measured_peak_tflops = measured_peak_tflops
         self.window_start = time.perf_counter()
         self.window_steps = 0
+        self.window_data_wait = 0.0
         self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
         if info.rank == 0:
             ctx.metrics_file.parent.mkdir(parents=True, exist_ok=True)
@@ -435,6 +474,8 @@ class _Meter:
                 "flops_per_sample": flops_per_sample,
                 "world_size": info.world_size,
                 "peak_tflops": self.peak_tflops,
+                "measured_peak_tflops": measured_peak_tflops,
+                "attention_kernel": attention_kernel,
             }
         )
 
@@ -444,10 +485,17 @@ class _Meter:
                 out.write(json.dumps(record) + "\n")
 
     def record(
-        self, progress: Progress, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, tb: Any
+        self,
+        progress: Progress,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        data_wait: float,
+        lr: float,
+        tb: Any,
     ) -> None:
         self.window_steps += 1
         self.window_loss += loss.double()
+        self.window_data_wait += data_wait
         self._write(
             {
                 "step": progress.step,
@@ -455,6 +503,7 @@ class _Meter:
                 "loss": loss.item(),
                 "grad_norm": float(grad_norm),
                 "lr": lr,
+                "data_wait_s": data_wait,
             }
         )
         if progress.step % self.ctx.plan.train.log_every_steps:
@@ -469,12 +518,15 @@ class _Meter:
         samples_per_s = self.ctx.plan.train.global_batch_size / step_time
         tflops = self.flops_per_sample * samples_per_s / self.info.world_size / 1e12
         mfu = tflops / self.peak_tflops if self.peak_tflops else math.nan
+        mfu_measured = tflops / self.measured_peak_tflops if self.measured_peak_tflops else math.nan
+        data_wait_ms = self.window_data_wait / self.window_steps * 1000
         memory = _peak_memory_gb(self.info.device)
         if self.info.rank == 0:
             print(
                 f"step {progress.step:>6} | samples {progress.samples:>11,} | loss {mean_loss:.4f} | "
                 f"{samples_per_s:8.1f} samples/s | step {step_time * 1000:7.1f} ms | "
-                f"{tflops:7.2f} TFLOP/s/GPU | MFU {mfu:6.1%} | lr {lr:.3g} | peak mem {memory:.2f} GB",
+                f"data wait {data_wait_ms:6.1f} ms | {tflops:7.2f} TFLOP/s/GPU | MFU {mfu:6.1%} "
+                f"({mfu_measured:.1%} of measured peak) | lr {lr:.3g} | peak mem {memory:.2f} GB",
                 flush=True,
             )
         if tb is not None:
@@ -483,12 +535,14 @@ class _Meter:
                 ("train/samples_per_s", samples_per_s),
                 ("train/tflops_per_gpu", tflops),
                 ("train/mfu", mfu),
+                ("train/mfu_measured_peak", mfu_measured),
+                ("train/data_wait_ms", data_wait_ms),
                 ("train/lr", lr),
                 ("train/grad_norm", float(grad_norm)),
                 ("train/peak_memory_gb", memory),
             ):
                 tb.add_scalar(name, value, progress.samples)
-        self.window_start, self.window_steps = time.perf_counter(), 0
+        self.window_start, self.window_steps, self.window_data_wait = time.perf_counter(), 0, 0.0
         self.window_loss.zero_()
 
     def record_eval(self, progress: Progress, loss: float, tb: Any) -> None:

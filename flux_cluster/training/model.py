@@ -115,6 +115,8 @@ def predict_velocity(
 # ---- LoRA (peft): adapters on a frozen base, saved in diffusers' LoRA format.
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
+LORA_ADAPTER = "default"
+"""peft's name for the one adapter add_lora makes; it appears in parameter names, not in saved keys."""
 
 
 def add_lora(model: FluxTransformer2DModel, rank: int, alpha: float, targets: list[str]) -> None:
@@ -128,21 +130,23 @@ def add_lora(model: FluxTransformer2DModel, rank: int, alpha: float, targets: li
 
 
 def lora_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter weights in diffusers' key format, gathered from FSDP shards (a collective: every rank
-    calls it; only values on rank 0 matter)."""
-    from peft.utils import get_peft_model_state_dict
+    """The adapter weights in diffusers' key format ('<module>.lora_A.weight'), gathered from FSDP shards
+    (a collective: every rank calls it; only values on rank 0 matter). Keys are made from the parameter
+    names directly: peft's own helper matches its module names, which checkpoint-wrapped blocks change."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
     full = {}
     for name, param in model.named_parameters():
         if "lora_" in name:
             value = param.full_tensor() if hasattr(param, "full_tensor") else param
-            full[name] = value.detach().to("cpu", torch.float32).contiguous()
-    return get_peft_model_state_dict(model, state_dict=full)
+            key = name.replace(_CHECKPOINT_PREFIX, "").replace(f".{LORA_ADAPTER}.", ".")
+            full[key] = value.detach().to("cpu", torch.float32).contiguous()
+    return full
 
 
 def lora_metadata(model: torch.nn.Module) -> dict:
     """The adapter's LoraConfig (rank, alpha, targets), stored in the file so loaders scale it right."""
-    return model.peft_config["default"].to_dict()  # type: ignore[index, union-attr, operator]
+    return model.peft_config[LORA_ADAPTER].to_dict()  # type: ignore[index, union-attr, operator]
 
 
 def save_lora(state_dict: dict[str, torch.Tensor], metadata: dict, folder: Path) -> Path:

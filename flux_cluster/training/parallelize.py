@@ -1,16 +1,45 @@
-"""Data parallelism for the FLUX transformer: FSDP2 ``fully_shard`` per block on a (replicate, shard) mesh.
+"""Data parallelism for the FLUX transformer: per block, activation checkpointing, then torch.compile,
+then FSDP2 ``fully_shard`` (torchtitan's order), on a (replicate, shard) mesh.
 
 With one replica this is FSDP; with several it is HSDP: each group of ``dp_shard`` ranks (a node by
 default) shards one copy, and the copies all-reduce gradients across groups. Parameters are gathered
 in the compute dtype (bf16) and gradients reduced in float32, so the float32 master weights and the
 optimizer stay sharded. The same code runs over gloo on CPU and NCCL/RCCL on GPUs.
+
+Checkpointing wraps each block *inside* its FSDP unit, so what is recomputed starts from the inputs FSDP
+already cast to the compute dtype. diffusers' own ``enable_gradient_checkpointing()`` checkpoints around
+the FSDP unit instead, and on torch < 2.13 its recomputation sees float32 where the forward saw bf16
+("Recomputed values ... have different metadata", pytorch issues 159359/148831): the vendor images ship
+such a torch, so that path is never used here.
 """
 
+import warnings
+from functools import partial
+
 import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from flux_cluster.training.model import init_weights, is_on_meta
+
+_KEPT_BY_OPS_POLICY = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+# The model's output is a view; nothing here changes it in place (predict_velocity only reshapes it).
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def make_mesh(device: torch.device, dp_replicate: int, dp_shard: int) -> DeviceMesh:
@@ -27,26 +56,64 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [*model.transformer_blocks, *model.single_transformer_blocks]  # type: ignore[misc]
 
 
+def checkpointed(mode: str, double_blocks: int, single_blocks: int) -> list[bool]:
+    """Per block, in forward order: is it wrapped for activation checkpointing under ``mode``?"""
+    total = double_blocks + single_blocks
+    if mode == "single":
+        return [index >= double_blocks for index in range(total)]
+    if mode == "alternate":
+        return [index % 2 == 0 for index in range(total)]
+    return [mode in ("full", "ops")] * total
+
+
+def _keep_matmuls_and_attention(_ctx: object, op: object, *_args: object, **_kw: object) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _KEPT_BY_OPS_POLICY else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def wrap_for_checkpointing(block: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """torch's non-reentrant checkpoint wrapper, selective ('ops') or whole-block."""
+    context = (
+        partial(create_selective_checkpoint_contexts, _keep_matmuls_and_attention) if mode == "ops" else None
+    )
+    kwargs = {"context_fn": context} if context is not None else {}
+    # FLUX blocks draw no random numbers (no dropout): nothing to replay, so no RNG state is saved.
+    return checkpoint_wrapper(
+        block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False, **kwargs
+    )
+
+
+def prepare_blocks(model: torch.nn.Module, activation_checkpointing: str, compile_blocks: bool) -> None:
+    """Checkpoint-wrap (per the mode) and compile each block in place, before sharding."""
+    lists = [model.transformer_blocks, model.single_transformer_blocks]  # type: ignore[attr-defined]
+    wrap = checkpointed(activation_checkpointing, len(lists[0]), len(lists[1]))
+    index = 0
+    for blocks in lists:
+        for position, block in enumerate(list(blocks)):
+            if wrap[index]:
+                block = wrap_for_checkpointing(block, activation_checkpointing)
+                blocks[position] = block
+            if compile_blocks:
+                # In place (names unchanged); fullgraph: a graph break is an error, not a silent slowdown.
+                block.compile(fullgraph=True)
+            index += 1
+
+
 def parallelize(
     model: torch.nn.Module,
     mesh: DeviceMesh,
     device: torch.device,
     *,
     param_dtype: torch.dtype,
-    activation_checkpointing: bool,
+    activation_checkpointing: str,
     compile_blocks: bool,
 ) -> torch.nn.Module:
     """Shard the model in place: each block is one FSDP unit (gathered just before it runs and freed
     after), the embedders and head form the root unit. Meta-device models are materialised here, shard
     by shard, and initialised."""
-    if activation_checkpointing:
-        # diffusers wraps each block call in torch.utils.checkpoint (non-reentrant); parameter names stay.
-        model.enable_gradient_checkpointing()  # type: ignore[operator]
+    prepare_blocks(model, activation_checkpointing, compile_blocks)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     blocks = transformer_blocks(model)
     for index, block in enumerate(blocks):
-        if compile_blocks:
-            block.compile()  # in place: the module and its parameter names are unchanged
         # The last block's parameters are needed again at once by the backward pass: keep them gathered.
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -133,6 +133,10 @@ run_experiment() {
         fi
         exit 0
     fi
+    if (( rc == 3 )); then
+        log "experiment ${FLUX_EXP_INDEX} ended without reaching the quality target (exit code 3)"
+        return "$rc"
+    fi
     (( rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${rc}"; return "$rc"; }
     on_one python -m mlperf_logging.compliance_checker --usage training --ruleset 6.1.0 \
         --log_output "$RESULTS_DIR/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" \

@@ -40,7 +40,7 @@ end_experiment() {
 
 run_experiment() {
     begin_experiment "$1"
-    python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 \
+    python3 -m flux_cluster.jobs.local_launch --standalone --nnodes=1 --nproc-per-node=2 \
         -m flux_cluster.jobs.preflight --config "$CONFIG"
     end_experiment
 }

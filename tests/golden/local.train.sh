@@ -40,7 +40,7 @@ end_experiment() {
 
 run_experiment() {
     begin_experiment "$1"
-    python3 -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 \
+    python3 -m flux_cluster.jobs.local_launch --standalone --nnodes=1 --nproc-per-node=2 \
         -m flux_cluster.train --config "$CONFIG"
     python3 -m mlperf_logging.compliance_checker --usage training --ruleset 6.1.0 \
         --log_output "$RESULTS_DIR/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" \

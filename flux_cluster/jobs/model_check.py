@@ -1,0 +1,142 @@
+"""Preflight's model step: a few training steps of the system's model, cut to one double-stream and one
+single-stream block at full width, on every GPU with the system's own train settings (compute dtype,
+activation checkpointing, compile, attention backend, FSDP2 mixed precision, fused AdamW). A stack that
+cannot train (cuDNN attention failing in backward, checkpointing that breaks under FSDP on an old torch)
+fails here in minutes, not at the first backward pass of a 12-hour allocation.
+
+Each rank works alone (FSDP over a one-rank group), so the figures are per GPU and one broken GPU cannot
+hang the others; the all_reduce part of the preflight checks the interconnect.
+"""
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+
+from data_prep.format import DIMS, Dims
+from flux_cluster.training.attention import attention_backend, probe_backend
+from flux_cluster.training.flops import training_flops_per_sample
+from flux_cluster.training.model import build_model, predict_velocity
+from flux_cluster.training.parallelize import parallelize
+from flux_cluster.training.peak import measure_gemm_peak, synchronize
+from flux_cluster.training.workload import ModelArgs, TrainingPlan
+
+
+def data_dims(args: ModelArgs) -> Dims:
+    """The dataset shapes a model of these widths trains on (MLPerf's real ones, or the tiny test ones)."""
+    for dims in DIMS.values():
+        if (dims.t5_dim, dims.clip_dim) == (args.joint_attention_dim, args.pooled_projection_dim):
+            return dims
+    raise ValueError(
+        f"no dataset shape has T5 width {args.joint_attention_dim} "
+        f"and CLIP width {args.pooled_projection_dim}"
+    )
+
+
+def settings_text(plan: TrainingPlan) -> str:
+    cfg = plan.train
+    return (
+        f"{plan.train.model} block, mbs {cfg.micro_batch_size}, {cfg.param_dtype}, activation checkpointing "
+        f"{cfg.activation_checkpointing}, compile {'on' if cfg.compile else 'off'}, "
+        f"attention {cfg.attention_backend}"
+    )
+
+
+def own_mesh(device: torch.device) -> DeviceMesh:
+    """A one-rank mesh per rank (a collective: every rank calls it)."""
+    group, _ = dist.new_subgroups(group_size=1)
+    return DeviceMesh.from_group(group, device.type)
+
+
+def run_model_check(
+    plan: TrainingPlan, device: torch.device, mesh: DeviceMesh, steps: int = 3
+) -> dict[str, Any]:
+    """Train one block of each kind for 1 + ``steps`` steps (the first compiles and warms up); report
+    the timed steps' TFLOP/s and the GEMM peak. Never raises: a failure is ``ok: False`` and one line."""
+    cfg = plan.train
+    result: dict[str, Any] = {"settings": settings_text(plan), "ok": False, "detail": ""}
+    try:
+        args = plan.model_args.model_copy(update={"num_layers": 1, "num_single_layers": 1})
+        dims = data_dims(args)
+        image_tokens = (dims.latent_size // 2) ** 2
+        dtype = getattr(torch, cfg.param_dtype)
+        with attention_backend(cfg.attention_backend, device):
+            result["attention_kernel"] = probe_backend(
+                cfg.attention_backend,
+                device,
+                dtype,
+                args.num_attention_heads,
+                args.attention_head_dim,
+                image_tokens + dims.t5_tokens,
+            )
+            seconds = _train_steps(plan, args, dims, device, mesh, dtype, steps)
+        flops = training_flops_per_sample(args.shape(), image_tokens, dims.t5_tokens) * cfg.micro_batch_size
+        result["step_ms"] = seconds * 1e3
+        result["step_tflops"] = flops / seconds / 1e12
+        peak = measure_gemm_peak(device, dtype)
+        result["gemm_peak_tflops"] = peak.tflops
+        result["gemm_peak_shape"] = list(peak.shape)
+        result["ok"] = True
+        result["detail"] = (
+            f"{result['step_tflops']:.3g} TFLOP/s per step ({result['step_tflops'] / peak.tflops:.0%} of the "
+            f"measured GEMM peak {peak.tflops:.3g})"
+        )
+    except Exception as exc:  # any failure of the stack is the finding, reported in one line
+        message = str(exc).strip().splitlines()
+        result["detail"] = f"{type(exc).__name__}: {message[0] if message else 'no message'}"[:400]
+    return result
+
+
+def _train_steps(
+    plan: TrainingPlan,
+    args: ModelArgs,
+    dims: Dims,
+    device: torch.device,
+    mesh: DeviceMesh,
+    dtype: torch.dtype,
+    steps: int,
+) -> float:
+    """Median seconds per optimizer step of the cut-down model, sharded as the job shards it."""
+    cfg = plan.train
+    torch.manual_seed(0)
+    model = build_model(args, meta_init=device.type == "cuda")
+    parallelize(
+        model,
+        mesh,
+        device,
+        param_dtype=dtype,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compile_blocks=cfg.compile,
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {"foreach": True})
+    )
+    b = cfg.micro_batch_size
+    size = dims.latent_size
+    x_t = torch.randn(b, dims.latent_channels, size, size, device=device)
+    target = torch.randn_like(x_t)
+    t = torch.rand(b, device=device)
+    t5 = torch.randn(b, dims.t5_tokens, dims.t5_dim, device=device)
+    clip = torch.randn(b, dims.clip_dim, device=device)
+    times = []
+    for _ in range(1 + steps):
+        synchronize(device)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(predict_velocity(model, x_t, t, t5, clip, dtype).float(), target)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+        if not (math.isfinite(loss.item()) and math.isfinite(float(norm))):
+            raise FloatingPointError(f"non-finite loss {loss.item()} or gradient norm {float(norm)}")
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    timed = sorted(times[1:])
+    return timed[len(timed) // 2]

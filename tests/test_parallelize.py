@@ -1,0 +1,202 @@
+"""How the job shards, checkpoints and compiles the FLUX blocks, on one gloo rank in this process: the
+arrangement that avoids the bf16 recomputation failure of torch < 2.13, every checkpointing mode giving
+the same gradients as none, diffusers' names kept for state dicts and LoRA, and the attention kernel."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.attention import SDPBackend
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flux_cluster.training import model as M
+from flux_cluster.training.attention import allowed_backends, attention_backend, probe_backend
+from flux_cluster.training.parallelize import checkpointed, make_mesh, parallelize, transformer_blocks
+from flux_cluster.training.workload import load_workload
+
+TINY = load_workload("flux1")[0].models["tiny"]
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def sharded(mode: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = M.build_model(TINY)
+    return parallelize(
+        model,
+        make_mesh(CPU, 1, 1),
+        CPU,
+        param_dtype=dtype,
+        activation_checkpointing=mode,
+        compile_blocks=False,
+    )
+
+
+def batch(size: int = 2) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(7)
+    return (
+        torch.randn(size, 16, 16, 16, generator=generator),
+        torch.rand(size, generator=generator),
+        torch.randn(size, 16, TINY.joint_attention_dim, generator=generator),
+        torch.randn(size, TINY.pooled_projection_dim, generator=generator),
+    )
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.calls)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls[func.__name__] = self.calls.get(func.__name__, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def loss_of(model: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    x, t, t5, clip = batch()
+    return F.mse_loss(M.predict_velocity(model, x, t, t5, clip, dtype).float(), x)
+
+
+def test_which_blocks_each_mode_checkpoints() -> None:
+    assert checkpointed("full", 2, 3) == [True] * 5 and checkpointed("ops", 2, 3) == [True] * 5
+    assert checkpointed("none", 2, 3) == [False] * 5
+    assert checkpointed("single", 2, 3) == [False, False, True, True, True]
+    assert checkpointed("alternate", 2, 3) == [True, False, True, False, True]
+
+
+def test_checkpointing_sits_inside_each_fsdp_unit_and_recomputes_in_the_compute_dtype() -> None:
+    """The GPU default (bf16 + full checkpointing). On torch < 2.13, checkpointing around the FSDP unit
+    (diffusers' enable_gradient_checkpointing) recomputed from float32 inputs what the forward had run in
+    bf16, and backward failed. Here the wrapper is inside the unit: the block's forward and its
+    recomputation both start from the bf16 inputs FSDP cast."""
+    model = sharded("full", torch.bfloat16)
+    assert not model.gradient_checkpointing  # diffusers' own checkpointing stays off
+    entries: dict[int, list[torch.dtype]] = {}
+    for index, unit in enumerate(transformer_blocks(model)):
+        assert isinstance(unit, FSDPModule) and isinstance(unit, CheckpointWrapper)
+        inner = unit._checkpoint_wrapped_module
+        inner.register_forward_pre_hook(
+            lambda _m, args, kwargs, i=index: entries.setdefault(i, []).append(kwargs["hidden_states"].dtype),
+            with_kwargs=True,
+        )
+    loss = loss_of(model, torch.bfloat16)
+    assert all(len(seen) == 1 for seen in entries.values())
+    loss.backward()
+    assert len(entries) == 4 and all(seen == [torch.bfloat16, torch.bfloat16] for seen in entries.values())
+    assert all(p.grad is not None and torch.isfinite(p.grad.full_tensor()).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("mode", ["full", "alternate", "single", "ops"])
+def test_every_checkpointing_mode_gives_the_gradients_of_none(mode: str) -> None:
+    reference, model = sharded("none", torch.float32), sharded(mode, torch.float32)
+    wrapped = [isinstance(unit, CheckpointWrapper) for unit in transformer_blocks(model)]
+    assert wrapped == checkpointed(mode, len(model.transformer_blocks), len(model.single_transformer_blocks))
+    loss_of(reference, torch.float32).backward()
+    loss_of(model, torch.float32).backward()
+    for (name, expected), (_, got) in zip(
+        reference.named_parameters(), model.named_parameters(), strict=False
+    ):
+        assert torch.equal(expected.grad.full_tensor(), got.grad.full_tensor()), name
+
+
+def saved_bytes(model: torch.nn.Module) -> int:
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss_of(model, torch.bfloat16)
+    return total
+
+
+def test_checkpointing_modes_keep_less_for_the_backward_pass() -> None:
+    kept = {
+        mode: saved_bytes(sharded(mode, torch.bfloat16)) for mode in ("none", "single", "alternate", "full")
+    }
+    assert kept["full"] < kept["alternate"] < kept["none"] and kept["full"] < kept["single"] < kept["none"]
+
+
+def matmuls_in_a_step(mode: str) -> int:
+    model = sharded(mode, torch.bfloat16)
+    with _Ops() as ops:
+        loss_of(model, torch.bfloat16).backward()
+    return sum(count for name, count in ops.calls.items() if name.split(".")[0] in ("mm", "addmm", "bmm"))
+
+
+def test_selective_checkpointing_recomputes_no_matmul() -> None:
+    """'ops' keeps matmul and attention outputs (outside autograd's saved tensors, so not counted
+    above) and recomputes only the cheap ops; 'full' runs every block's matmuls again."""
+    none, ops, full = matmuls_in_a_step("none"), matmuls_in_a_step("ops"), matmuls_in_a_step("full")
+    assert ops == none < full
+
+
+def test_state_dicts_and_lora_keep_diffusers_names(tmp_path: Path) -> None:
+    plain = M.build_model(TINY)
+    model = sharded("full", torch.bfloat16)
+    assert any("_checkpoint_wrapped_module" in name for name, _ in model.named_parameters())
+    assert set(get_model_state_dict(model)) == set(plain.state_dict())  # DCP checkpoints, saved weights
+
+    torch.manual_seed(0)
+    base = M.build_model(TINY)
+    M.add_lora(base, rank=4, alpha=4.0, targets=["to_q", "to_k", "to_v", "to_out.0"])
+    expected = set(M.lora_state_dict(base))
+    torch.manual_seed(0)
+    lora = M.build_model(TINY)
+    M.add_lora(lora, rank=4, alpha=4.0, targets=["to_q", "to_k", "to_v", "to_out.0"])
+    parallelize(
+        lora,
+        make_mesh(CPU, 1, 1),
+        CPU,
+        param_dtype=torch.bfloat16,
+        activation_checkpointing="full",
+        compile_blocks=False,
+    )
+    assert set(M.lora_state_dict(lora)) == expected and all("_checkpoint" not in key for key in expected)
+
+
+def test_auto_attention_never_picks_cudnn() -> None:
+    gpu = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    assert allowed_backends("auto", "cuda") == gpu  # CUDA and ROCm builds alike ("cuda" device type)
+    assert allowed_backends("auto", "cpu") == [SDPBackend.MATH]
+    assert allowed_backends("cudnn", "cuda") == [SDPBackend.CUDNN_ATTENTION]
+    assert allowed_backends("flash", "cpu") == [SDPBackend.FLASH_ATTENTION]
+
+
+@pytest.mark.parametrize(("choice", "kernel"), [("auto", "math"), ("flash", "flash"), ("math", "math")])
+def test_the_attention_backend_applies_to_forward_and_recomputation(choice: str, kernel: str) -> None:
+    assert probe_backend(choice, CPU, torch.bfloat16, 4, 32, 80) == kernel
+    model = sharded("full", torch.bfloat16)
+    with attention_backend(choice, CPU), _Ops() as ops:
+        loss_of(model, torch.bfloat16).backward()  # the backward recomputes every block's attention
+    flash = any("flash_attention" in name for name in ops.names)
+    assert flash == (kernel == "flash"), sorted(ops.names)
+
+
+def test_an_attention_backend_that_cannot_run_is_one_line() -> None:
+    with pytest.raises(RuntimeError) as caught:
+        probe_backend("cudnn", CPU, torch.bfloat16, 4, 32, 80)
+    message = str(caught.value)
+    assert message.startswith(
+        "train.attention_backend 'cudnn' cannot run attention on cpu (bfloat16, 4 heads x 32)"
+    )
+    assert "\n" not in message
