@@ -123,7 +123,9 @@ SHORT_RUN = (
     "train.eval_every_steps=20",
     "train.target=0.01",  # out of reach: the run ends at its budget
     "train.loader_workers=1",  # the loader state includes a worker's
-    *GPU_DEFAULTS,  # checkpoints of wrapped blocks keep diffusers' names and resume exactly
+    # Checkpoint-wrapped blocks (the GPU default) keep diffusers' names and resume exactly; fp32, as bf16
+    # matmuls are slow on CPUs (bf16 + checkpointing + compile is the test below).
+    "train.activation_checkpointing=full",
 )
 
 
@@ -167,8 +169,8 @@ def test_the_gpu_defaults_train_on_two_cpu_ranks_and_a_missed_target_is_one_line
 ) -> None:
     """bf16, full activation checkpointing and fullgraph-compiled blocks under FSDP2, the defaults of
     every GPU system (NCCL aside), through the README's command; the budget ends before the target."""
-    sets = [*GPU_DEFAULTS, "train.compile=true", "train.max_samples=128", "train.eval_every_steps=4"]
-    sets += ["train.target=0.01", "train.log_every_steps=4"]
+    sets = [*GPU_DEFAULTS, "train.compile=true", "train.max_samples=96", "train.eval_every_steps=3"]
+    sets += ["train.target=0.01", "train.log_every_steps=3"]
     result = cli.invoke(app, ["submit", "--system", "local", *(x for s in sets for x in ("--set", s))])
     assert result.exit_code == 3, result.output[-3000:]
     assert "[train] the run ended without reaching the quality target" in result.output
@@ -179,7 +181,7 @@ def test_the_gpu_defaults_train_on_two_cpu_ranks_and_a_missed_target_is_one_line
     (run_dir,) = list_runs(workdir / "runs")
     rows = metrics(run_dir)
     losses = [r["loss"] for r in rows if "loss" in r]
-    assert len(losses) == 8 and all(math.isfinite(x) for x in losses)
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     assert all(r["data_wait_s"] >= 0 for r in rows if "loss" in r)
     header = json.loads((run_dir / "results" / "metrics_0.jsonl").read_text().splitlines()[0])
     assert header["measured_peak_tflops"] > 0 and header["attention_kernel"] == "math"
