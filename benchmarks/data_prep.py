@@ -237,13 +237,17 @@ def profile_one_shard(
     return entries, total
 
 
-def measure_loader(root: Path, batch_size: int, warmup: int, batches: int) -> tuple[Step, float]:
+def measure_loader(
+    root: Path, batch_size: int, warmup: int, batches: int, workers: int
+) -> tuple[Step, float]:
     """Train-loader throughput after ``warmup`` batches; also returns the loader's set-up time."""
     from data_prep.loader import train_loader  # torch and Energon: imported only here
 
     dims = DIMS["real"]
     start = time.perf_counter()
-    loader = train_loader(root, batch_size=batch_size, rank=0, world_size=1, seed=0, num_workers=0, dims=dims)
+    loader = train_loader(
+        root, batch_size=batch_size, rank=0, world_size=1, seed=0, num_workers=workers, dims=dims
+    )
     batches_iter = iter(loader)
     for _ in range(warmup):
         next(batches_iter)
@@ -254,8 +258,17 @@ def measure_loader(root: Path, batch_size: int, warmup: int, batches: int) -> tu
         assert batch.t5.shape == (batch_size, dims.t5_tokens, dims.t5_dim)
     seconds, used = time.perf_counter() - start, cpu_since(cpu)
     samples = batches * batch_size
-    step = Step("train loader", seconds, samples, samples * dims.sample_bytes(), **used)
+    step = Step(f"train loader, workers={workers}", seconds, samples, samples * dims.sample_bytes(), **used)
     return step, setup
+
+
+def gpu_need_samples_per_s(mfu: float, peak_tflops: float) -> float:
+    """Samples/s one GPU consumes training full-depth flux-schnell at ``mfu`` of ``peak_tflops``."""
+    from flux_cluster.training.flops import training_flops_per_sample
+    from flux_cluster.training.workload import load_workload
+
+    shape = load_workload("flux1")[0].models["flux-schnell"].shape()
+    return mfu * peak_tflops * 1e12 / training_flops_per_sample(shape)
 
 
 def main() -> None:
@@ -271,12 +284,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=5, help="loader batches before timing")
     parser.add_argument("--batches", type=int, default=50, help="loader batches timed")
+    parser.add_argument(
+        "--loader-workers", default="0,4", help="loader worker counts (4: the job's train.loader_workers)"
+    )
     parser.add_argument("--profile-top", type=int, default=5, help="cProfile entries of one shard (0: skip)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()), help="scratch parent")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
+    args.loader_workers = [int(w) for w in args.loader_workers.split(",")]
     console = Console()
     if not console.is_terminal:
         console.width = 130  # rich's default off a terminal, 80, wraps the table
@@ -365,9 +382,16 @@ def run(args: argparse.Namespace, worker_counts: list[int], work: Path, console:
         shard_bytes,
         **cpu_since(cpu),
     )
-    loader_step, loader_setup = measure_loader(output, args.batch_size, args.warmup, args.batches)
+    loader_steps, loader_setups = [], []
+    for workers in args.loader_workers:
+        loader_step, loader_setup = measure_loader(
+            output, args.batch_size, args.warmup, args.batches, workers
+        )
+        loader_steps.append(loader_step)
+        loader_setups.append(loader_setup)
+    need = gpu_need_samples_per_s(0.5, 989.0)
 
-    steps = [*best.values(), index_step, loader_step]
+    steps = [*best.values(), index_step, *loader_steps]
     table = Table(box=box.SIMPLE, title="data preparation, real dims")
     columns = (
         "step",
@@ -403,8 +427,17 @@ def run(args: argparse.Namespace, worker_counts: list[int], work: Path, console:
     )
     console.print(f"convert outputs identical across runs and worker counts: {'yes' if identical else 'NO'}")
     console.print(
-        f"loader set-up and {args.warmup} warm-up batches: {loader_setup:.1f} s; "
-        f"timed {args.batches} batches of {args.batch_size}, num_workers=0"
+        f"loader set-up and {args.warmup} warm-up batches: "
+        + ", ".join(f"{s:.1f} s" for s in loader_setups)
+        + f"; timed {args.batches} batches of {args.batch_size} each, one rank's loader"
+    )
+    console.print(
+        f"one GPU training full-depth flux-schnell at 50% MFU of 989 TFLOP/s (H100) consumes {need:.1f} "
+        "samples/s; this rank's loader gives "
+        + ", ".join(
+            f"{s.samples_per_s:.0f} with {s.name.split(', ')[1]} ({s.samples_per_s / need:.1f}x)"
+            for s in loader_steps
+        )
     )
     if profile:
         top = Table(
@@ -446,7 +479,8 @@ def run(args: argparse.Namespace, worker_counts: list[int], work: Path, console:
             for s in steps
         ],
         "outputs_identical": identical,
-        "loader_setup_seconds": loader_setup,
+        "loader_setup_seconds": loader_setups,
+        "gpu_need_samples_per_s": need,
         "profile_one_shard": profile,
         "profile_total_seconds": profiled,
     }

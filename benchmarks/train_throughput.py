@@ -58,6 +58,7 @@ from flux_cluster.training.workload import ModelArgs, load_workload
 
 MODES = ("full", "alternate", "single", "ops", "none")
 PEER_MODES = ("full", "none")
+IMPLS = ("ours", "ours-fp8", "peer")
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
 NAN = float("nan")
 
@@ -165,6 +166,7 @@ def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
         param_dtype=torch.bfloat16,
         activation_checkpointing=case.checkpointing,
         compile_blocks=case.compile,
+        precision="fp8" if case.impl == "ours-fp8" else "bf16",
     )
     params = list(model.parameters())
     return Trainer(model, adamw(params, device), params, torch.bfloat16, autocast=False)
@@ -225,7 +227,7 @@ def train_step(
 
 def run_case(case: Case, shape: Shape, device: torch.device, steps: int, warmup: int) -> dict[str, float]:
     """Seconds per step (back to back, synced once) and the median ms of each phase over as many steps."""
-    build = build_ours if case.impl == "ours" else build_peer
+    build = build_peer if case.impl == "peer" else build_ours
     trainer = build(case, shape.args, device)
     batch = host_batch(shape, case.micro_batch, device.type == "cuda")
     for _ in range(warmup):
@@ -280,26 +282,27 @@ def cases(batches: list[int], modes: list[str], compiles: list[bool], impls: lis
         for compiled in compiles:
             for mode in modes:
                 for impl in impls:
-                    if impl == "ours" or mode in PEER_MODES:
+                    if impl != "peer" or mode in PEER_MODES:
                         out.append(Case(impl, micro_batch, mode, compiled))
     return out
 
 
 def ratios(rows: list[Row]) -> list[dict[str, object]]:
-    """ours/peer samples/s for each (micro-batch, checkpointing, compile) that both ran."""
+    """ours/peer and ours-fp8/peer samples/s for each (micro-batch, checkpointing, compile) both ran."""
     ok = {(r.impl, r.micro_batch, r.checkpointing, r.compile): r for r in rows if r.status == "ok"}
     out = []
     for (impl, mbs, mode, compiled), ours in ok.items():
         peer = ok.get(("peer", mbs, mode, compiled))
-        if impl == "ours" and peer is not None:
+        if impl != "peer" and peer is not None:
             out.append(
                 {
+                    "impl": impl,
                     "micro_batch": mbs,
                     "checkpointing": mode,
                     "compile": compiled,
-                    "ours_samples_per_s": ours.samples_per_s,
+                    "samples_per_s": ours.samples_per_s,
                     "peer_samples_per_s": peer.samples_per_s,
-                    "ours_over_peer": ours.samples_per_s / peer.samples_per_s,
+                    "over_peer": ours.samples_per_s / peer.samples_per_s,
                 }
             )
     return out
@@ -327,17 +330,18 @@ COLUMNS = (
     *((f"{p} ms", lambda r, p=p: _num(getattr(r, f"{p}_ms"), ".1f")) for p in PHASES),
     ("note", lambda r: "" if r.status == "ok" else r.status),
 )
-RATIO_COLUMNS = ("mbs", "act-ckpt", "compile", "ours samples/s", "peer samples/s", "ours/peer")
+RATIO_COLUMNS = ("impl", "mbs", "act-ckpt", "compile", "samples/s", "peer samples/s", "over peer")
 
 
 def ratio_cells(ratio: dict) -> list[str]:
     return [
+        ratio["impl"],
         str(ratio["micro_batch"]),
         ratio["checkpointing"],
         "on" if ratio["compile"] else "off",
-        f"{ratio['ours_samples_per_s']:.2f}",
+        f"{ratio['samples_per_s']:.2f}",
         f"{ratio['peer_samples_per_s']:.2f}",
-        f"{ratio['ours_over_peer']:.2f}x",
+        f"{ratio['over_peer']:.2f}x",
     ]
 
 
@@ -378,7 +382,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batches", default="8,16,32", help="micro-batch sizes")
     parser.add_argument("--checkpointing", default="full,ops,none", help=f"modes, of {','.join(MODES)}")
     parser.add_argument("--compile", default="off,on", help="torch.compile per block: off, on, or both")
-    parser.add_argument("--impls", default="ours,peer", help="ours (the job's code path), peer, or both")
+    parser.add_argument(
+        "--impls",
+        default="ours,peer",
+        help="of ours (the job's code path), ours-fp8 (train.precision fp8), peer",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps, and as many phase-timed ones")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 TFLOP/s")
@@ -393,9 +401,10 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.smoke:  # the tiny preset on the CPU, eager, a few steps
         args.batches, args.checkpointing, args.compile = "1,2", "full,none", "off"
+        args.impls = "ours,ours-fp8,peer"
         args.steps, args.warmup = 2, 1
     args.batches = [int(b) for b in args.batches.split(",")]
-    for option, known in (("checkpointing", MODES), ("compile", ("off", "on")), ("impls", ("ours", "peer"))):
+    for option, known in (("checkpointing", MODES), ("compile", ("off", "on")), ("impls", IMPLS)):
         values = getattr(args, option).split(",")
         if unknown := set(values) - set(known):
             parser.error(f"--{option}: unknown {', '.join(sorted(unknown))}; known: {', '.join(known)}")
@@ -447,7 +456,7 @@ def main() -> None:
         row.tflops = row.samples_per_s * flops / 1e12
         row.mfu_datasheet = row.tflops / args.peak_tflops
         row.mfu_measured = row.tflops / gemm.tflops
-        if case.impl == "ours":
+        if case.impl != "peer":
             tokens = {"image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens}
             row.estimate_gb = estimate_memory(a, 1, case.micro_batch, case.checkpointing, **tokens).total_gb
         console.print(" ".join(f"{h} {c(row)}" for h, c in COLUMNS[:6]) + f" {row.status}", highlight=False)

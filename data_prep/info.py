@@ -1,6 +1,9 @@
 """data info: what a folder holds, an Energon root or a preprocessed download, without reading the shards."""
 
 import json
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -11,6 +14,8 @@ from data_prep.format import EMPTY_DIR, EMPTY_FILES, SOURCE_DIRS, SPLITS
 from data_prep.index import NV_META, is_indexed
 from data_prep.shards import ShardRecord
 from flux_cluster.errors import FluxClusterError
+
+_VERIFY = "'flux-cluster prepare-data --output {root} --stage verify' checks every shard"
 
 
 def describe(root: Path, console: Console) -> None:
@@ -40,6 +45,7 @@ def _describe_energon(root: Path, console: Console) -> None:
     table = Table(title=f"{root} (Energon webdataset)")
     for column in ("split", "shards", "samples", "GB", "unfinished"):
         table.add_column(column, justify="left" if column == "split" else "right")
+    damaged: list[str] = []
     for split in SPLITS:
         tars = sorted((root / split).glob("shard_*.tar"))
         samples = 0
@@ -47,6 +53,9 @@ def _describe_energon(root: Path, console: Console) -> None:
             shard = int(tar.stem.removeprefix("shard_"))
             record = ShardRecord.load(root, split, shard)
             samples += energon_counts.get(f"{split}/{tar.name}", record.samples if record else 0)
+            size = tar.stat().st_size
+            if record and size != record.nbytes:  # a stat, not a read: truncated or overwritten since
+                damaged.append(f"{tar} has {size:,} bytes, its conversion wrote {record.nbytes:,}")
         expected = plan.shards(split) if plan else len(tars)
         unfinished = len(list((root / split).glob(".shard_*.partial-*"))) + max(expected - len(tars), 0)
         gigabytes = sum(t.stat().st_size for t in tars) / 1e9
@@ -60,6 +69,9 @@ def _describe_energon(root: Path, console: Console) -> None:
     console.print(
         f"indexed for Energon: {'yes' if indexed else 'no'}; empty encodings: {'yes' if empty else 'no'}"
     )
+    if damaged:
+        more = f" (and {len(damaged) - 1} more damaged shard(s))" if len(damaged) > 1 else ""
+        raise FluxClusterError(f"{damaged[0]}{more}; {_VERIFY.format(root=root)}")
 
 
 def load_check(root: Path, batches: int, console: Console) -> None:
@@ -75,11 +87,12 @@ def load_check(root: Path, batches: int, console: Console) -> None:
     started = time.perf_counter()
     samples = dropped = 0
     batch = None
-    for _, batch in zip(
-        range(batches), train_loader(root, batch_size=4, rank=0, world_size=1, seed=0), strict=False
-    ):
-        samples += len(batch.keys)
-        dropped += int(batch.caption_dropped.sum())
+    with _reading(root, "train"):
+        for _, batch in zip(
+            range(batches), train_loader(root, batch_size=4, rank=0, world_size=1, seed=0), strict=False
+        ):
+            samples += len(batch.keys)
+            dropped += int(batch.caption_dropped.sum())
     elapsed = time.perf_counter() - started
     if batch is None:
         raise FluxClusterError(f"{root}: the train split yielded no batch")
@@ -88,8 +101,21 @@ def load_check(root: Path, batches: int, console: Console) -> None:
     )
     console.print(f"train loader: {samples} samples in {elapsed:.2f} s ({samples / elapsed:,.1f} samples/s)")
     console.print(f"  per sample: {shapes} ({batch.t5.dtype}); captions dropped (CFG): {dropped}/{samples}")
-    val = sum(len(b.keys) for b in val_loader(root, batch_size=8, rank=0, world_size=1))
+    with _reading(root, "val"):
+        val = sum(len(b.keys) for b in val_loader(root, batch_size=8, rank=0, world_size=1))
     console.print(f"val loader: {val:,} samples in one pass")
+
+
+@contextmanager
+def _reading(root: Path, split: str) -> Iterator[None]:
+    """A damaged shard (one conversion did not record, or read past a stat's notice) as one line."""
+    try:
+        yield
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        raise FluxClusterError(
+            f"{root / split}: a shard could not be read ({type(exc).__name__}: {exc}); "
+            f"{_VERIFY.format(root=root)}"
+        ) from None
 
 
 def _describe_source(root: Path, console: Console) -> None:

@@ -1,12 +1,16 @@
 """Entry point of a prepare-data Slurm task: ``python -m data_prep.job --config RUN/config.yaml --stage S``.
 
 The run's config holds the system (already narrowed to one data job by flux-cluster). An array task's
-index comes from FLUX_EXP_INDEX, the number of tasks from mlperf.nexp."""
+index comes from FLUX_EXP_INDEX, the number of tasks from mlperf.nexp. Progress goes to stdout (the job's
+--output, as for every other job); errors to stderr."""
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
+
+from rich.console import Console
 
 from data_prep.stages import STAGES, StagePaths, run_stage
 from flux_cluster.config.schema import SystemConfig
@@ -22,6 +26,11 @@ def paths_in_job(system: SystemConfig) -> StagePaths:
     return StagePaths(Path(source) if source else None, Path(output) if output else None)
 
 
+def task_title(stage: str, task: int, tasks: int) -> str:
+    """What a data job does, e.g. 'convert task 2 of 4' (not a training repeat with a seed)."""
+    return f"{stage} task {task + 1} of {tasks}" if tasks > 1 else stage
+
+
 def main(argv: list[str] | None = None) -> int:
     from flux_cluster.rundir import read_run_config
 
@@ -31,14 +40,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         system, _job = read_run_config(args.config)
-        ok = run_stage(
-            args.stage,
-            paths_in_job(system),
-            task=int(os.environ.get("FLUX_EXP_INDEX", "0")),
-            tasks=system.mlperf.nexp,
-            workers=system.data_prep.workers,
-            shard_size=system.data_prep.shard_size,
+        task, tasks = int(os.environ.get("FLUX_EXP_INDEX", "0")), system.mlperf.nexp
+        paths = paths_in_job(system)
+        print(
+            f"[data] {task_title(args.stage, task, tasks)}: {paths.source or '-'} -> {paths.output or '-'}",
+            flush=True,
         )
+        # The stages report progress on stderr (a terminal's place for it); in a job it is the output.
+        with contextlib.redirect_stderr(sys.stdout):
+            ok = run_stage(
+                args.stage,
+                paths,
+                task=task,
+                tasks=tasks,
+                workers=system.data_prep.workers,
+                shard_size=system.data_prep.shard_size,
+                console=Console(emoji=False),
+            )
     except FluxClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,8 +7,12 @@ the loader position; val loaders give each rank a disjoint part, covering every 
 """
 
 import json
+import os
 import random
+import signal
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +78,33 @@ def load_empty_encodings(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(t5 [tokens, dim], clip [dim]) in bf16, from the float16 files with a leading batch dim."""
     t5, clip = (torch.from_numpy(np.load(root / EMPTY_DIR / name)) for name in EMPTY_FILES)
     return t5[0].to(torch.bfloat16), clip[0].to(torch.bfloat16)
+
+
+def _ignore_job_signals(worker_init: Callable[[int], None] | None) -> Callable[[int], None]:
+    """A worker_init_fn that keeps loader workers alive through the signals meant for the job. Slurm
+    signals every process of a step (preemption, 'runs requeue', scancel): torch's workers would die
+    of SIGTERM, their rank's next loader call would raise, and the checkpoint taken on that signal
+    (which asks the workers for their state) would be lost. As torch's own handler does, a SIGTERM from
+    the worker's parent (the rank, shutting the loader down) still ends the worker."""
+
+    def init(worker_id: int) -> None:
+        if worker_init is not None:
+            worker_init(worker_id)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        parent = os.getppid()
+        # Blocked here, so in every thread the worker starts later too; one thread takes each SIGTERM
+        # with its sender's pid.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+        def take_sigterm() -> None:
+            while True:
+                if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+                    os._exit(0)
+
+        threading.Thread(target=take_sigterm, name="sigterm", daemon=True).start()
+
+    return init
 
 
 class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, FluxBatch]):
@@ -158,7 +189,10 @@ def train_loader(
         max_samples_per_sequence=max_samples_per_sequence,
         task_encoder=FluxTaskEncoder(root, cfg_dropout, dims),
     )
-    return get_savable_loader(dataset)
+    loader = get_savable_loader(dataset)
+    # Read when the workers start (at the first iter()), after Energon set its own.
+    loader.worker_init_fn = _ignore_job_signals(loader.worker_init_fn)
+    return loader
 
 
 def val_loader(
@@ -173,4 +207,6 @@ def val_loader(
         batch_size=batch_size,
         task_encoder=FluxTaskEncoder(root, cfg_dropout=0.0, dims=dims),
     )
-    return get_loader(dataset)
+    loader = get_loader(dataset)
+    loader.worker_init_fn = _ignore_job_signals(loader.worker_init_fn)
+    return loader

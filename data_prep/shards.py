@@ -13,14 +13,14 @@ import socket
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from data_prep.format import SHARD_PATTERN, Split
 from flux_cluster.atomic import write_atomic
-from flux_cluster.errors import FluxClusterError
+from flux_cluster.errors import write_error
 
 STATE_DIR = ".flux-prep"
 """Under the Energon root: the conversion plan and one record per finished shard."""
@@ -110,10 +110,16 @@ def is_finished(root: Path, split: Split, shard: int) -> bool:
         return False
 
 
+def shard_lock(root: Path, split: Split, shard: int) -> AbstractContextManager[None]:
+    """Hold the shard's lock file: one writer per shard across tasks and runs."""
+    return output_lock(root, f"{split}/{SHARD_PATTERN.format(shard)}")
+
+
 @contextmanager
-def shard_lock(root: Path, split: Split, shard: int) -> Iterator[None]:
-    """Hold the shard's lock file (flock: released by the kernel when a holder dies)."""
-    path = root / STATE_DIR / split / (SHARD_PATTERN.format(shard) + ".lock")
+def output_lock(root: Path, name: str) -> Iterator[None]:
+    """Hold the lock file STATE_DIR/<name>.lock of an output (flock: released by the kernel when a
+    holder dies); a second holder waits."""
+    path = root / STATE_DIR / f"{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -151,7 +157,7 @@ def write_shard(
         os.replace(temporary, final)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
-        raise FluxClusterError(f"{temporary}: {exc.strerror or exc}") from None  # e.g. a full disk
+        raise write_error(temporary, exc) from None  # e.g. a full disk
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

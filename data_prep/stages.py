@@ -65,7 +65,7 @@ def run_stage(
     elif stage == "index":
         from data_prep.index import index
 
-        shards = index(paths.need_output(stage), paths.source, workers)
+        shards = index(paths.need_output(stage), paths.source, workers, console)
         console.print(f"index: {len(shards)} shards indexed for Energon in {paths.output}")
     elif stage == "verify":
         from data_prep.verify import verify

@@ -98,6 +98,11 @@ def synthesize(
         raise FluxClusterError(
             f"{out}: already holds {', '.join(existing)}; choose another folder or use --force"
         )
+    if existing and MARKER not in existing:  # e.g. a real download: --force must never delete it
+        raise FluxClusterError(
+            f"{out}: holds {', '.join(existing)} but no {MARKER}, so not synthetic data; --force replaces "
+            "only synthetic data: choose another folder"
+        )
     world = _World(DIMS[dims], seed)
     staging = out / f".synth-partial-{os.getpid()}"
     try:

@@ -1,10 +1,203 @@
 """MLPerf Training flux1 facts that the config, the training job and the report share. No heavy
-imports: the CLI reads these at start-up."""
+imports: the CLI reads these at start-up.
 
-from typing import Literal, get_args
+Also the closed-division check of a run's settings (``closed_division_deviations``): a run that breaks
+the rules is labelled non-conforming in its result log (``CONFORMANCE_KEY``), by its job's compliance
+step (``python -m flux_cluster.mlperf_rules check``) and in reports (``run_deviations``,
+``logged_deviations``).
+"""
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 Ruleset = Literal["5.1.0", "6.0.0", "6.1.0"]
 """The MLPerf Training rulesets with a flux1 benchmark (mlperf_logging's compliance configs)."""
 RULESETS: tuple[Ruleset, ...] = get_args(Ruleset)
 QUALITY_TARGET = 0.586
 """flux1's validation-loss target."""
+EVAL_INTERVAL_SAMPLES = 262_144
+"""MLPerf evaluates flux1 every 262,144 samples, rounded up to whole steps."""
+BENCHMARK_MODEL = "flux-schnell"
+"""The model the closed division trains (from random init)."""
+CONFORMANCE_KEY = "flux_cluster_conformance"
+"""Result-log event: value 'conforming' or 'non-conforming', metadata.reasons lists why."""
+
+
+def eval_interval_steps(global_batch_size: int) -> int:
+    """The closed division's steps between evaluations."""
+    return math.ceil(EVAL_INTERVAL_SAMPLES / global_batch_size)
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One way a run's settings break the closed-division rules."""
+
+    reason: str
+    log_key: str | None = None
+    """The result-log key the official checker rejects because of it (None: the checker cannot see it)."""
+
+
+def closed_division_deviations(
+    train: Mapping[str, Any],
+    mlperf: Mapping[str, Any],
+    batch_presets: Collection[int],
+    train_samples: int | None = None,
+    eval_samples: int | None = None,
+) -> list[Deviation]:
+    """Why a run with these settings is no closed-division flux1 result ([] when it is one).
+
+    ``train``: the resolved train section (every None filled, as in a run's config.yaml under
+    job.training.train); ``mlperf`` and ``batch_presets``: the workload file's (configs/benchmarks/);
+    ``train_samples``/``eval_samples``: the dataset's split sizes, when known."""
+    found: list[Deviation] = []
+    if train["mode"] != "pretrain":
+        found.append(Deviation(f"mode {train['mode']} (the benchmark pretrains from random init)"))
+    if train["model"] != BENCHMARK_MODEL:
+        found.append(Deviation(f"model {train['model']} (the benchmark trains {BENCHMARK_MODEL})"))
+    gbs = int(train["global_batch_size"])
+    if gbs not in batch_presets:
+        sizes = ", ".join(str(size) for size in sorted(batch_presets))
+        found.append(Deviation(f"global batch {gbs} has no reference preset ({sizes})"))
+    steps, closed_steps = int(train["eval_every_steps"]), eval_interval_steps(gbs)
+    if steps != closed_steps:
+        found.append(
+            Deviation(
+                f"evaluates every {steps * gbs:,} samples ({steps} steps), not every "
+                f"{closed_steps * gbs:,} ({closed_steps} steps)",
+                "evaluation_frequency",
+            )
+        )
+    target = float(train["target"])
+    if target != QUALITY_TARGET:
+        # a looser target stops the run above 0.586, which the checker's eval_accuracy check rejects
+        key = "eval_accuracy" if target > QUALITY_TARGET else None
+        found.append(Deviation(f"target loss {target:g}, not {QUALITY_TARGET}", key))
+    budget, closed_budget = int(train["max_samples"]), int(mlperf["max_samples"])
+    if budget < closed_budget:
+        found.append(
+            Deviation(f"sample budget {budget:,} (train.max_samples), below the workload's {closed_budget:,}")
+        )
+    sizes = {"train": (train_samples, mlperf["train_samples"]), "val": (eval_samples, mlperf["eval_samples"])}
+    for split, (have, want) in sizes.items():
+        if have is not None and have != want:
+            found.append(Deviation(f"{have:,} {split} samples, not flux1's {want:,}"))
+    return found
+
+
+def run_deviations(job: Mapping[str, Any]) -> list[str]:
+    """The reasons a run is non-conforming, from its config.yaml's ``job`` section ([] when it
+    conforms or is no training run). Loads the run's workload file (configs/benchmarks/)."""
+    training = job.get("training")
+    if not training:
+        return []
+    from flux_cluster.training.workload import load_workload
+
+    workload, _ = load_workload(training["train"]["benchmark"])
+    found = closed_division_deviations(training["train"], training["mlperf"], workload.batch_presets.keys())
+    return [d.reason for d in found]
+
+
+def conformance_event(deviations: list[Deviation]) -> tuple[str, dict[str, list[str]]]:
+    """(value, metadata) of the result log's CONFORMANCE_KEY event."""
+    keys = sorted({d.log_key for d in deviations if d.log_key})
+    return ("non-conforming" if deviations else "conforming"), {
+        "reasons": [d.reason for d in deviations],
+        "checker_keys": keys,
+    }
+
+
+def logged_conformance(result_log: Path) -> dict[str, list[str]] | None:
+    """The CONFORMANCE_KEY event's metadata in a result log ({'reasons': [...], 'checker_keys': [...]},
+    reasons [] when conforming); None when the log has none (another tool's, or an older one)."""
+    needle = f'"key": "{CONFORMANCE_KEY}"'
+    with result_log.open(errors="replace") as handle:
+        for line in handle:
+            if needle in line and line.startswith(":::MLLOG"):
+                try:
+                    metadata = json.loads(line[len(":::MLLOG") :])["metadata"]
+                    return {k: [str(x) for x in metadata[k]] for k in ("reasons", "checker_keys")}
+                except (ValueError, KeyError, TypeError):
+                    return None
+    return None
+
+
+def logged_deviations(result_log: Path) -> list[str] | None:
+    """The reasons a result log gives for being non-conforming ([] when it conforms, None: not said)."""
+    conformance = logged_conformance(result_log)
+    return None if conformance is None else conformance["reasons"]
+
+
+_AT_LEAST_ONE_FAILED = re.compile(r"^Failed checks for (\w+) :")
+
+
+def compliance_verdict(result_log: Path, ruleset: str, log_output: Path) -> tuple[str, int]:
+    """Run the official checker on a result log: (the job's one compliance line, exit code).
+
+    A conforming run passes or fails as the checker says. A non-conforming run (its log's conformance
+    event) is expected to fail the checks its deviations name (e.g. evaluation_frequency): that alone
+    is exit 0 with the label; any other failed check is exit 1."""
+    import logging
+
+    from mlperf_logging.compliance_checker import mlp_compliance
+
+    root = logging.getLogger()
+    handler = logging.FileHandler(log_output, mode="w")
+    handler.setFormatter(logging.Formatter("%(levelname)s - %(message)s"))
+    previous_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        checker = mlp_compliance.make_checker("training", ruleset, False, False)
+        passed, *_ = mlp_compliance.main(str(result_log), f"training_{ruleset}/common.yaml", checker)
+        logging.log(logging.INFO if passed else logging.ERROR, "SUCCESS" if passed else "FAILED")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous_level)
+        handler.close()
+    name, details = result_log.name, f"(details: {log_output})"
+    conformance = logged_conformance(result_log)
+    if not conformance or not conformance["reasons"]:
+        if passed:
+            return f"{name} passed the MLPerf {ruleset} compliance check", 0
+        return f"error: {name} failed the MLPerf {ruleset} compliance check {details}", 1
+    label = f"{name} is NON-CONFORMING, not an MLPerf result: {'; '.join(conformance['reasons'])}"
+    if passed:
+        return f"{label} (the MLPerf {ruleset} compliance checker sees nothing else)", 0
+    failed = set(checker.overwritable)
+    for message in checker.not_overwritable:
+        match = _AT_LEAST_ONE_FAILED.match(message)
+        failed.add(match.group(1) if match else message)
+    if failed <= set(conformance["checker_keys"]):
+        keys = ", ".join(sorted(failed))
+        return f"{label} (the MLPerf {ruleset} compliance checker rejects {keys} for that, nothing else)", 0
+    return f"error: {name} (non-conforming) failed the MLPerf {ruleset} compliance check {details}", 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flux_cluster.mlperf_rules",
+        description="The job's compliance step: the official checker, and one line on conformance.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="check a result log; print one line")
+    check.add_argument("result_log", type=Path)
+    check.add_argument("--ruleset", choices=RULESETS, required=True)
+    check.add_argument("--log-output", type=Path, required=True, help="the checker's full output")
+    args = parser.parse_args(argv)
+    if not args.result_log.is_file():
+        print(f"error: {args.result_log}: no such result log", file=sys.stderr)
+        return 1
+    line, code = compliance_verdict(args.result_log, args.ruleset, args.log_output)
+    print(line, file=sys.stderr if code else sys.stdout, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

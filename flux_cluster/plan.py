@@ -90,6 +90,19 @@ class JobPlan:
         return f"{relay}USR1@{self.system.slurm.signal_lead_s}"
 
     @property
+    def checks_compliance(self) -> bool:
+        """The job runs the MLPerf checker on each result log: only for the benchmark itself. A
+        fine-tuning run is no MLPerf result (its log says division open, whose flux1 rules it cannot meet)."""
+        mlperf_job = self.system.mlperf.check_compliance and self.job.writes_mlperf_log
+        return mlperf_job and self.system.train.mode == "pretrain"
+
+    @property
+    def requeues_after_a_crash(self) -> bool:
+        """A rank killed by a signal requeues the job: only training, whose checkpoints by wall time bound
+        what a crash costs. A preflight that lost a rank has found a fault to report, not to retry."""
+        return self.system.slurm.requeue and self.job.writes_mlperf_log
+
+    @property
     def container_per_node(self) -> bool:
         return self.system.container.runtime in ("docker", "podman")
 

@@ -20,9 +20,17 @@ def shell_quote(value: object) -> str:
     return shlex.quote(str(value))
 
 
+def integer(value: object) -> int:
+    """A number for an arithmetic context (``$(( ))``, ``for ((...))``): an int, never text, so the rendered
+    literal is digits (bash would run a '$(...)' hidden in a variable's array subscript there)."""
+    if type(value) is not int:
+        raise TypeError(f"refusing to render {value!r} as an integer literal (template bug)")
+    return value
+
+
 @cache
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir()),
         undefined=jinja2.StrictUndefined,
         finalize=shell_quote,
@@ -31,6 +39,8 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    environment.filters["integer"] = integer
+    return environment
 
 
 def template_name(plan: JobPlan) -> str:

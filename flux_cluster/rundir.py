@@ -1,12 +1,15 @@
 """Run directories: ``runs/<experiment>/<timestamp>-<system>/`` with the resolved config, the rendered
 script, the job ids and the logs. Everything is written atomically."""
 
+import errno
+import fcntl
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -18,6 +21,7 @@ RUNS_ENV = "FLUX_CLUSTER_RUNS"
 CONFIG_FILE = "config.yaml"
 SCRIPT_FILE = "job.sh"
 JOBS_FILE = "jobs.json"
+STATE_DIR = "state"
 
 
 def runs_root(cli_value: Path | None, system: SystemConfig | None = None) -> Path:
@@ -56,7 +60,9 @@ def write_run_config(run_dir: Path, system: SystemConfig, job: dict[str, Any]) -
 
 
 def read_run_config(path: Path) -> tuple[SystemConfig, dict[str, Any]]:
-    document = yaml.safe_load(Path(path).read_text())
+    from flux_cluster.config.loader import load_yaml_safely
+
+    document = load_yaml_safely(path)
     return SystemConfig.model_validate(document["system"]), document["job"]
 
 
@@ -110,3 +116,50 @@ def resolve_run(spec: str | None, root: Path) -> Path:
     if not matches:
         raise FluxClusterError(f"run {spec!r}: no such run under {root} (see 'flux-cluster runs list')")
     raise FluxClusterError(f"run {spec!r} is ambiguous: {', '.join(m.name for m in matches)}")
+
+
+def repeat_lock_path(run_dir: Path, exp_index: int) -> Path:
+    return run_dir / STATE_DIR / f"exp_{exp_index}.lock"
+
+
+def repeat_done(run_dir: Path, exp_index: int) -> bool:
+    """The job script marks a repeat finished (state/exp_<i>.done) after it ended well."""
+    return (run_dir / STATE_DIR / f"exp_{exp_index}.done").exists()
+
+
+def lock_repeat(run_dir: Path, exp_index: int) -> IO[str] | None:
+    """Hold an exclusive lock on one repeat of a run for as long as the returned file stays open (the
+    process's life), so two attempts never write the same repeat at once. Another holder is a one-line
+    FluxClusterError naming it; None where the file system has no locks (nothing is enforced there)."""
+    path = repeat_lock_path(run_dir, exp_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise FluxClusterError(
+                f"{path}: another attempt of repeat {exp_index} is still running ({holder}); stop it "
+                "('flux-cluster cancel') or let it finish, then start again"
+            ) from None
+        return None  # ENOLCK, EOPNOTSUPP, ENOSYS: e.g. a Lustre mounted without flock
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a process on this machine holds a lock on path, read from /proc/locks: asking with a
+    lock of our own could make a starting attempt see it as taken."""
+    try:
+        stat = path.stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    wanted = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    return any("->" not in line and wanted in line.split() for line in table.splitlines())

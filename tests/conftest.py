@@ -29,6 +29,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the templates")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_secrets_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Secrets a test submits land in a temporary folder, never in ~/.config/flux-cluster/secrets."""
+    previous = os.environ.get("FLUX_CLUSTER_SECRETS")
+    os.environ["FLUX_CLUSTER_SECRETS"] = str(tmp_path_factory.mktemp("secrets"))
+    yield
+    if previous is None:
+        os.environ.pop("FLUX_CLUSTER_SECRETS", None)
+    else:
+        os.environ["FLUX_CLUSTER_SECRETS"] = previous
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))

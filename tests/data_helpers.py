@@ -1,11 +1,16 @@
-"""Shared by the data tests: a small synthetic Energon root, and a helper run on 2 gloo ranks."""
+"""Shared by the data tests: a small synthetic Energon root, a helper run on 2 gloo ranks, and a small
+disk to fill (tmpfs)."""
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
@@ -42,3 +47,25 @@ def run_two_ranks(helper: Path, root: Path, out: Path) -> list[dict[str, Any]]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@contextmanager
+def small_disk(path: Path, size: str = "8m") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at path for disk-full tests; the test skips where mount is refused."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    result = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.skip(f"a disk-full test needs a small tmpfs, and mount was refused: {result.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], check=False).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(path)], check=False)  # still open: detach it now
+
+
+def fill_disk(disk: Path, leave: int) -> None:
+    """Take all but ``leave`` bytes of the disk's free space."""
+    stat = os.statvfs(disk)
+    with (disk / "filler").open("wb") as handle:
+        os.posix_fallocate(handle.fileno(), 0, max(stat.f_bavail * stat.f_frsize - leave, 1))

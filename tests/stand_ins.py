@@ -55,8 +55,10 @@ def start(
     rules: list[dict[str, Any]] = (),
     probe_var: str = "",
     array_task: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    env = {
+    """Run the script as Slurm would start it (job 42 on one node); env adds or overrides variables."""
+    slurm_env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "RECORD_FILE": str(script.parent / "record.jsonl"),
         "HOME": str(script.parent),
@@ -67,11 +69,11 @@ def start(
         "STAND_IN_RULES": json.dumps(list(rules)),
     }
     if array_task is not None:
-        env["SLURM_ARRAY_TASK_ID"] = array_task
+        slurm_env["SLURM_ARRAY_TASK_ID"] = array_task
     return subprocess.Popen(
         ["bash", str(script)],
         cwd=script.parent,
-        env=env,
+        env={**slurm_env, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

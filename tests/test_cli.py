@@ -1,5 +1,7 @@
 """The CLI through Typer's CliRunner: systems, dry-run rendering, and every error case as one clean line."""
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +12,28 @@ from typer.testing import CliRunner, Result
 from flux_cluster.cli import app
 from flux_cluster.rundir import RunRecord, list_runs
 
+BOX_DRAWING = re.compile("[\u2500-\u257f]")
+
+
+def one_line_error(result: Result | subprocess.CompletedProcess[str]) -> str:
+    """THE check for every command's bad input: a non-zero exit and one line naming the problem (no
+    traceback, no box); returns that line."""
+    if isinstance(result, Result):
+        code, output = result.exit_code, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    else:
+        code, output = result.returncode, result.stdout + result.stderr
+    assert code != 0, output
+    assert "Traceback" not in output and not BOX_DRAWING.search(output), output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    return lines[0]
+
 
 def error_line(result: Result) -> str:
+    """A usage or config error: one_line_error on stderr, with exit code 2."""
     assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
+    return one_line_error(result)
 
 
 def test_help_does_not_import_torch() -> None:
@@ -42,8 +58,6 @@ def test_systems_show_tells_where_values_come_from(cli: CliRunner) -> None:
         env={"FLUX_DATA_ROOT": "/site/energon"},
     )
     assert result.exit_code == 0
-    import json
-
     rows = json.loads(result.output)
     assert rows["nodes"] == {"value": 4, "source": "--set"}
     assert rows["vendor"]["source"].endswith("_nvidia_dgx.yaml")
@@ -122,6 +136,24 @@ def test_dry_run_overrides_change_the_script(cli: CliRunner, workdir: Path) -> N
         (["status", "nope"], "run 'nope': no such run under runs"),
         (["logs"], "no runs under runs; submit one"),
         (["submit", "--system", "local_slurm", "--experiment", "a b", "--dry-run"], "--experiment 'a b'"),
+        # usage errors Typer would draw in a box
+        (["report", "--price", "-1"], "flux-cluster report: Invalid value for '--price'"),
+        (["report", "--format", "xml"], "'xml' is not one of 'table', 'json'"),
+        (["submit", "--nexp", "abc"], "flux-cluster submit: Invalid value for '--nexp'"),
+        (["preflight", "--soak-seconds", "abc"], "Invalid value for '--soak-seconds'"),
+        (["--bogus"], "flux-cluster: No such option: --bogus"),
+        (["runs", "list", "--bogus"], "flux-cluster runs list: No such option: --bogus"),
+        (["systems", "show"], "flux-cluster systems show: Missing argument 'name'"),
+        (["bake"], "No such command 'bake'"),
+        (["logs", "--task", "x"], "Invalid value for '--task'"),
+        # other commands' own checks
+        (["report", "nowhere"], "nowhere: no such file or directory"),
+        (["data", "info", "nowhere"], "nowhere: no such directory"),
+        (["data", "synth", "out", "--format", "xml"], "--format 'xml': expected arrow or parquet"),
+        (["prepare-data", "--stage", "bake"], "--stage 'bake': expected one of download"),
+        (["image", "build", "--vendor", "intel", "--dry-run"], "--vendor 'intel': expected one of"),
+        (["runs", "requeue"], "no runs under runs"),
+        (["cancel"], "no runs under runs"),
     ],
 )
 def test_errors_are_one_clean_line(cli: CliRunner, workdir: Path, args: list[str], expected: str) -> None:
@@ -165,3 +197,133 @@ def test_systems_list_flags_an_invalid_site_system(cli: CliRunner, workdir: Path
     result = cli.invoke(app, ["systems", "list"], env={"FLUX_CLUSTER_SYSTEMS": str(workdir), "COLUMNS": "80"})
     assert result.exit_code == 0 and "invalid" in result.output
     assert "broken" in result.output and "nodes: got 'many'" in result.output.replace("\n", "")
+
+
+def test_a_data_root_that_does_not_exist_is_an_error_not_filled(cli: CliRunner, workdir: Path) -> None:
+    """--system local makes synthetic data, but only in the cache or in an existing empty folder."""
+    absent = workdir / "nope" / "energon"
+    args = ["submit", "--system", "local", "--set", f"paths.data_root={absent}"]
+    line = error_line(cli.invoke(app, args))
+    assert line.startswith(f"error: paths.data_root: {absent} does not exist")
+    assert not (workdir / "nope").exists() and not (workdir / "runs").exists()
+    assert error_line(cli.invoke(app, [*args, "--dry-run"])) == line  # its script would fail the same way
+
+    busy = workdir / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine\n")
+    line = error_line(cli.invoke(app, ["submit", "--system", "local", "--set", f"paths.data_root={busy}"]))
+    assert "holds files but no Energon dataset" in line
+    assert [p.name for p in busy.iterdir()] == ["notes.txt"]
+
+
+def test_synthetic_data_goes_only_where_it_may(tmp_path: Path) -> None:
+    from data_prep.ensure import MARK_FILE, SPEC_FILE, check_synthetic_root
+    from flux_cluster.config.training import SyntheticDataConfig
+    from flux_cluster.errors import FluxClusterError
+
+    spec = SyntheticDataConfig(train=64, val=16)
+    check_synthetic_root(spec, tmp_path)  # empty: fine
+    (tmp_path / MARK_FILE).write_text(json.dumps(spec.model_dump()))
+    check_synthetic_root(spec, tmp_path)  # being filled with this spec: resumes
+    other = SyntheticDataConfig(train=128, val=16)
+    with pytest.raises(FluxClusterError, match=r"other train\.synthetic_data settings"):
+        check_synthetic_root(other, tmp_path)
+    (tmp_path / MARK_FILE).unlink()
+    (tmp_path / SPEC_FILE).write_text("{}")
+    (tmp_path / ".nv-meta").mkdir()
+    (tmp_path / ".nv-meta" / ".info.json").write_text("{}")
+    with pytest.raises(FluxClusterError, match=r"other train\.synthetic_data settings"):
+        check_synthetic_root(spec, tmp_path)
+    (tmp_path / SPEC_FILE).unlink()
+    check_synthetic_root(other, tmp_path)  # a prepared dataset that is not ours: used as it is
+    with pytest.raises(FluxClusterError, match="is not a folder"):
+        check_synthetic_root(spec, tmp_path / ".nv-meta" / ".info.json")
+
+
+def test_synth_force_never_replaces_data_it_did_not_make(cli: CliRunner, workdir: Path) -> None:
+    real = workdir / "src" / "cc12m_preprocessed"
+    real.mkdir(parents=True)
+    (real / "data-00000-of-00001.arrow").write_text("a real download\n")
+    line = one_line_error(cli.invoke(app, ["data", "synth", str(workdir / "src"), "--force"]))
+    assert "no flux-synthetic.json, so not synthetic data" in line
+    assert [p.name for p in real.iterdir()] == ["data-00000-of-00001.arrow"]
+
+
+def test_help_and_tables_keep_colon_codes(cli: CliRunner, workdir: Path) -> None:
+    """rich reads ':1234:' as an emoji code; the CLI's help and tables must print it as typed."""
+    help_text = cli.invoke(app, ["submit", "--help"], env={"COLUMNS": "200"}).output
+    assert "afterany:1234:1235" in help_text and "\U0001f522" not in help_text
+    (workdir / "site.yaml").write_text("extends: local\ndescription: 'waits for afterany:1234:1235'\n")
+    shown = cli.invoke(app, ["systems", "show", "site.yaml"])
+    assert shown.exit_code == 0 and "afterany:1234:1235" in shown.output, shown.output
+
+
+def test_piped_tables_keep_every_value_whole(cli: CliRunner, workdir: Path) -> None:
+    """Not a terminal (| grep): rows are not cut at 80 columns, values are not wrapped or elided."""
+    listing = cli.invoke(app, ["systems", "list"], env={"COLUMNS": "80"})
+    row = next(line for line in listing.output.splitlines() if "gb200_nvl72" in line)
+    assert "18 compute trays x 4 B200 (Grace-Blackwell), Pyxis" in row and "…" not in listing.output
+    shown = cli.invoke(app, ["systems", "show", "local"], env={"COLUMNS": "80"})
+    (row,) = [line for line in shown.output.splitlines() if "train.synthetic_data.train" in line]
+    assert "configs/systems/local.yaml" in row and "…" not in shown.output
+
+
+def test_logs_of_a_run_never_submitted_say_so_and_exit(cli: CliRunner, workdir: Path) -> None:
+    assert cli.invoke(app, ["submit", "--system", "dgx_h100x8", "--dry-run"]).exit_code == 0
+    for follow in ([], ["--follow"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "flux_cluster", "logs", *follow],
+            capture_output=True,
+            text=True,
+            timeout=60,  # it used to wait forever
+        )
+        assert "never submitted (prepared with --dry-run)" in one_line_error(done)
+
+
+def test_logs_of_an_array_run_name_the_task_of_every_line(cli: CliRunner, workdir: Path) -> None:
+    from flux_cluster import slurm
+
+    assert cli.invoke(app, ["submit", "--system", "local_slurm", "--dry-run", "--nexp", "2"]).exit_code == 0
+    (run_dir,) = list_runs(workdir / "runs")
+    ids = ["77_0", "77_1"]
+    RunRecord(launcher="slurm", job_ids=ids, submitted_at=0.0, array=True).save(run_dir)
+    for job_id, text in zip(ids, ["a\nb\n", "c\nunfinished"], strict=True):
+        slurm.log_path(job_id, run_dir / "slurm").write_text(text)
+    result = cli.invoke(app, ["logs"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["[task 0] a", "[task 0] b", "[task 1] c", "[task 1] unfinished"]
+    one = cli.invoke(app, ["logs", "--task", "1"])
+    assert one.output == "c\nunfinished"
+
+
+def test_a_data_job_says_what_it_does_on_stdout(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A convert array task is 'convert task 2 of 2' (not a repeat with a seed), and its progress is job
+    output (stdout, like every other job's); stderr stays for errors."""
+    from data_prep.job import main as data_job
+    from data_prep.job import task_title
+    from data_prep.synthetic import synthesize
+    from flux_cluster.cli.launch import prepare_run_dir
+    from flux_cluster.config import load_system
+    from flux_cluster.data_jobs import data_job_plan
+    from flux_cluster.render import render_script
+    from flux_cluster.rundir import create_run_dir
+
+    assert task_title("convert", 1, 2) == "convert task 2 of 2" and task_title("index", 0, 1) == "index"
+    synthesize(workdir / "src", train=16, val=8, dims="tiny", seed=0)
+    capsys.readouterr()
+    sets = [
+        f"paths.source_root={workdir / 'src'}",
+        f"paths.data_root={workdir / 'out'}",
+        "data_prep.shard_size=8",
+    ]
+    system = load_system("local_slurm", sets).config
+    run_dir = create_run_dir(workdir / "runs", "prepare-data", "local_slurm-convert")
+    plan = data_job_plan(system, "convert", run_dir, "prepare-data", None)
+    prepare_run_dir(plan, render_script(plan))
+    monkeypatch.setenv("FLUX_EXP_INDEX", "1")
+    assert data_job(["--config", str(run_dir / "config.yaml"), "--stage", "convert"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"[data] convert task 2 of 2: {workdir / 'src'} -> {workdir / 'out'}\n")
+    assert "convert (task 2/2): 16/16 samples" in out and err == ""

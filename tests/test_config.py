@@ -1,11 +1,14 @@
 """System configs: composition, interpolation, overrides, provenance and one-line errors."""
 
+import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flux_cluster.config import known_systems, load_system
-from flux_cluster.config.loader import flat_view
+from flux_cluster.config.loader import MAX_YAML_BYTES, flat_view, load_yaml_safely
 from flux_cluster.errors import FluxClusterError
 
 
@@ -164,7 +167,9 @@ def test_yaml_times_stay_strings_and_numbers_become_env_strings(site: Path) -> N
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("env.BASH_ENV=/tmp/x", "BASH_ENV is set by the job script or read by bash"),
+        ("env.BASH_ENV=/tmp/x", "BASH_ENV is read or set by bash itself; it cannot come from the config"),
+        ("env.NEXP=NEXP[$(touch /tmp/pwned)]", "NEXP is run.sub's name for --nexp (mlperf.nexp)"),
+        ("env._fc_run_dir=/x", "_fc_run_dir is set by the job script or by Slurm"),
         ("env.SLURM_NTASKS=3", "SLURM_NTASKS is set by the job script"),
         ("secrets=[MASTER_ADDR]", "MASTER_ADDR is set by the job script"),
         ("slurm.extra_sbatch=[--output=/tmp/x]", "--output is set by flux-cluster itself"),
@@ -190,3 +195,97 @@ def test_a_file_that_is_not_utf8_is_one_clean_error(site: Path) -> None:
     (site / "latin.yaml").write_bytes(b"description: caf\xe9\n")
     with pytest.raises(FluxClusterError, match=r"latin.yaml: not UTF-8 text"):
         load_system("latin")
+
+
+def alias_bomb(levels: int) -> str:
+    """Each level lists the previous one 9 times: a few hundred bytes that expand to 9**levels values."""
+    lines = ["  L0: &L0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"  L{i}: &L{i} [{', '.join([f'*L{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "extends: _base\nnodes: 1\nenv:\n" + "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "extends: _base\nnodes:\n" + "".join(" " * i + "-\n" for i in range(2000)),
+            "nested more than 64 levels",
+        ),
+        (alias_bomb(7), "env.L5: more than 100000 values once aliases are expanded"),
+        (
+            "extends: _base\nnodes: 1\nslurm:\n  partition: a\n  qos: b\n  partition: c\n",
+            "line 6: slurm.partition: duplicate key (first at line 4); each key may appear once",
+        ),
+        ("extends: _base\nnodes: 1\nenv: &e {A: *e}\n", "line 3: env.A: an alias refers to a value that"),
+        ("extends: _base\nnodes: " + "9" * 5000 + "\n", "line 2: invalid value '999"),
+        ("extends: _base\nnodes: 1\ndescription: 2024-02-30\n", "line 3: invalid value '2024-02-30'"),
+        ('extends: _base\nnodes: 1\ndescription: "\\udcff"\n', "description: '\\udcff' is not valid UTF-8"),
+        ("#\n" * (MAX_YAML_BYTES // 2 + 1), "larger than 4 MiB; expected a config file of a few KB"),
+    ],
+    ids=["deep", "alias-bomb", "duplicate-key", "recursive", "huge-int", "no-such-date", "surrogate", "huge"],
+)
+def test_hostile_yaml_is_one_line_with_flat_memory(site: Path, text: str, expected: str) -> None:
+    write(site, "mine", text)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FluxClusterError) as error:
+            load_system("mine")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(error.value)
+    assert message.startswith(f"{site / 'mine.yaml'}: ") and expected in message and "\n" not in message
+    assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB to refuse {len(text)} bytes"
+
+
+def test_a_fifo_or_folder_is_named_as_such_and_never_blocks(site: Path) -> None:
+    os.mkfifo(site / "fifo.yaml")  # nothing ever writes it: a blocking open would hang here
+    (site / "folder.yaml").mkdir()
+    write(site, "child", "extends: fifo\n")
+    for name, expected in (
+        ("fifo", "fifo.yaml: is a FIFO"),
+        ("folder", "folder.yaml: is a folder"),
+        ("child", "fifo.yaml: is a FIFO"),
+    ):
+        with pytest.raises(FluxClusterError, match=expected) as error:
+            load_system(name)
+        assert "unknown system" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("description=\udcff", "--set 'description=\\udcff': not valid UTF-8 text; expected KEY=VALUE"),
+        ("env.A\udcff=1", "--set 'env.A\\udcff=1': not valid UTF-8 text"),
+        ("env={A: 1, A: 2}", "--set: env: A: duplicate key (first at line 1); each key may appear once"),
+        ("nodes=" + "[" * 100, "--set: nodes: nested more than 64 levels deep"),
+        ('env={"A\\n": 1}', "--set: env.'A\\n': this name should match pattern"),
+        (
+            "env="
+            + alias_bomb(7)
+            .split("env:", 1)[1]
+            .replace("\n  ", ", ")
+            .replace("\n", "}")
+            .replace(", L0", "{L0", 1),
+            "more than 100000 values",
+        ),
+    ],
+    ids=["surrogate-value", "surrogate-key", "duplicate-key", "deep", "line-break-in-key", "alias-bomb"],
+)
+def test_hostile_set_values_are_one_line(override: str, expected: str) -> None:
+    with pytest.raises(FluxClusterError) as error:
+        load_system("local_slurm", [override])
+    assert expected in str(error.value) and "\n" not in str(error.value)
+
+
+def test_load_yaml_safely_reads_what_the_tool_writes(tmp_path: Path) -> None:
+    """The one reader for any YAML file (a run's config.yaml too): same data as yaml.safe_load."""
+    document = {
+        "job": {"seed_base": 7, "lr": 2.5e-4},
+        "system": {"slurm": {"walltime": "12:00:00"}, "env": {}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    assert load_yaml_safely(path) == yaml.safe_load(path.read_text()) == document
+    with pytest.raises(FluxClusterError, match=r"config.yaml: cannot read: No such file"):
+        load_yaml_safely(tmp_path / "missing" / "config.yaml")

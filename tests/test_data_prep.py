@@ -9,6 +9,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -487,3 +488,123 @@ def test_concurrent_converts_of_one_output_agree(synthetic: Path, energon_root: 
         _, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
     assert shard_hashes(root) == shard_hashes(energon_root)
+
+
+def converted_copy(energon_root: Path, dest: Path) -> Path:
+    """The output as the convert stage leaves it: shards and records, no index."""
+    import shutil
+
+    ignore = shutil.ignore_patterns(".nv-meta", "index.txt", "*.tar.idx", "empty_encodings")
+    shutil.copytree(energon_root, dest, ignore=ignore)
+    return dest
+
+
+def index_files(root: Path) -> dict[str, object]:
+    """What the index stage writes, comparable across runs (index.uuid is random; the sqlite by its rows,
+    which energon's workers insert in any order)."""
+    import sqlite3
+    from contextlib import closing
+
+    found: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.name == "index.sqlite":
+            with closing(sqlite3.connect(path)) as db:
+                found[name] = sorted(db.iterdump())
+        elif path.is_file() and not name.startswith((".flux-prep", "train/shard", "val/shard")):
+            found[name] = path.read_bytes() if path.name != "index.uuid" else "uuid"
+        elif path.name.endswith(".tar.idx"):
+            found[name] = path.read_bytes()
+    return found
+
+
+def _index_when_told(root: str, source: str, go: Any, workers: int) -> None:
+    from data_prep.index import index
+
+    go.wait()
+    try:
+        index(Path(root), Path(source), workers)
+    except BaseException as exc:  # the test reads the exit code; the reason goes to its stderr
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)
+
+
+def test_concurrent_index_stages_of_one_output_agree(
+    synthetic: Path, energon_root: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs index one output at once: the second waits for the first and keeps its index."""
+    import multiprocessing
+
+    import megatron.energon.flavors.webdataset  # noqa: F401  imported once, before the forks
+
+    context = multiprocessing.get_context("fork")  # both runs start together, imports done
+    for trial in range(3):  # the runs must overlap; unlocked, 8 of 10 such pairs failed
+        root = converted_copy(energon_root, tmp_path / f"shared{trial}")
+        go = context.Event()
+        runs = [
+            context.Process(target=_index_when_told, args=(str(root), str(synthetic), go, workers))
+            for workers in (1, 2)
+        ]
+        for run in runs:
+            run.start()
+        go.set()
+        for run in runs:
+            run.join(120)
+        assert [run.exitcode for run in runs] == [0, 0], capfd.readouterr().err[-3000:]
+        assert "already indexed for these shards" in capfd.readouterr().err
+        assert index_files(root) == index_files(energon_root)
+
+
+@pytest.mark.parametrize("leave_kb", [16, 64])
+def test_a_full_disk_during_index_is_one_line_and_a_rerun_redoes_it(
+    synthetic: Path,
+    energon_root: Path,
+    tmp_path: Path,
+    cli: CliRunner,
+    capfd: pytest.CaptureFixture[str],
+    leave_kb: int,
+) -> None:
+    """Energon's sqlite, or a worker's .tar.idx, hits the full disk (which one depends on the space left)."""
+    from data_helpers import fill_disk, small_disk
+
+    from data_prep.index import is_indexed
+
+    with small_disk(tmp_path / "disk") as disk:
+        root = converted_copy(energon_root, disk / "root")
+        fill_disk(disk, leave=leave_kb << 10)
+        args = ["prepare-data", "--input", str(synthetic), "--output", str(root), "--stage", "index"]
+        code, output = run_cli(cli, *args)
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1, output
+        assert errors[0].startswith(f"error: no space left on device while writing {root}/"), errors
+        assert errors[0].endswith(": free space and rerun")
+        assert "Traceback" not in output + capfd.readouterr().err  # nor from energon's worker processes
+        assert not is_indexed(root)
+        assert not [p.name for p in root.glob("*/.*") if not p.name.startswith(".shard_")], "temporaries"
+        (disk / "filler").unlink()
+        code, output = run_cli(cli, *args)
+        assert code == 0, output
+        assert index_files(root) == index_files(energon_root)
+
+
+def test_data_info_names_a_truncated_shard_in_one_line(
+    energon_root: Path, tmp_path: Path, cli: CliRunner
+) -> None:
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(energon_root, root)
+    shard = root / "val" / "shard_000000.tar"
+    shard.write_bytes(shard.read_bytes()[:100_000])
+    code, output = run_cli(cli, "data", "info", str(root))
+    assert code == 2, output
+    (line,) = [line for line in output.splitlines() if line.startswith("error:")]
+    assert f"error: {shard} has 100,000 bytes, its conversion wrote" in line
+    assert f"'flux-cluster prepare-data --output {root} --stage verify'" in line
+    # Without conversion's record (data prepared elsewhere), reading the shard finds it.
+    (root / ".flux-prep" / "val" / "shard_000000.tar.json").unlink()
+    code, output = run_cli(cli, "data", "info", str(root), "--load", "1")
+    assert code == 2, output
+    (line,) = [line for line in output.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {root / 'val'}: a shard could not be read (ReadError"), line

@@ -81,9 +81,11 @@ def test_nvidia_script_has_what_run_sub_users_rely_on() -> None:
         "--signal=USR1@300",
         "vm.drop_caches=3",
         "--comm-only",
-        "mlperf_logging.compliance_checker",
+        "flux_cluster.mlperf_rules check",
         "SEED_BASE=1234",
         "NEXP=10",
+        "#SBATCH --export=ALL,HF_TOKEN=",  # the secret's value never passes through Slurm
+        "for ((_fc_exp = 0; _fc_exp < 10; _fc_exp++))",  # a literal, never a variable, in arithmetic
     ):
         assert needle in text, needle
     # NVIDIA's WALLTIME = 5 + NEXP * (WALLTIME_RUNANDTIME + 5) with run_minutes 720: 7255 min
@@ -99,10 +101,11 @@ def test_amd_script_runs_one_container_per_node() -> None:
         "--ipc=host",
         "--network=host",
         "#SBATCH --array=0-9",
-        "RUNTIME=docker",
-        '"$RUNTIME" run --detach',
-        'exec "${EXEC_ENV[@]}"',
+        "_fc_runtime=docker",
+        '"$_fc_runtime" run --detach',
+        'exec "${_fc_exec_env[@]}"',
         "--env=HF_TOKEN",
+        "#SBATCH --export=ALL,HF_TOKEN=",
         "--signal=B:USR1@300",
         "trap relay_signal USR1",
     ):
@@ -118,11 +121,11 @@ def test_data_convert_job_is_an_array_with_writable_mounts() -> None:
         "#SBATCH --dependency=afterok:1000",
         "#SBATCH --cpus-per-task=8",
         "#SBATCH --no-requeue",
-        '-m data_prep.job --config "$CONFIG" --stage convert',
+        '-m data_prep.job --config "$_fc_config" --stage convert',
         "/lustre/mlperf/flux1/energon:/data,/lustre/mlperf/flux1/download:/source,",
     ):
         assert needle in text, needle
-    for absent in ("--gpus-per-node", "compliance_checker", "--comm-only", "drop_caches", "--exclusive"):
+    for absent in ("--gpus-per-node", "mlperf_rules check", "--comm-only", "drop_caches", "--exclusive"):
         assert absent not in text, absent
 
 

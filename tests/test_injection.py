@@ -3,16 +3,32 @@ stand-ins for the cluster tools on PATH, and hostile values must arrive verbatim
 
 import os
 import shlex
+import subprocess
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import stand_ins
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_cli import error_line
+from typer.testing import CliRunner
 
+from flux_cluster.cli import app
 from flux_cluster.config import SystemConfig, load_system
+from flux_cluster.config.reserved import (
+    BASH_VARIABLES,
+    RANK_VARIABLES,
+    RUN_SUB_SETTINGS,
+    env_name_problem,
+    script_names,
+)
+from flux_cluster.config.secrets import secrets_dir, store_secrets
+from flux_cluster.errors import FluxClusterError
 
+# What Python's str.splitlines() splits at: a validator that lets one through splits an #SBATCH line.
+LINE_BREAKS = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 FRAGMENTS = [
     "$(touch {s})",
     "`touch {s}`",
@@ -31,11 +47,14 @@ FRAGMENTS = [
     "!",
     "~",
     "{a,b}",
+    "PATH[$(touch {s})]",  # run by bash where the value is read in an arithmetic context (PATH is set)
+    *LINE_BREAKS,
 ]
 payloads = (
     st.lists(
         st.one_of(
-            st.sampled_from(FRAGMENTS), st.text(alphabet="abc XYZ-_/.:=$'\"`;\\\n\t|&<>()", max_size=6)
+            st.sampled_from(FRAGMENTS),
+            st.text(alphabet="abc XYZ-_/.:=$'\"`;\\\n\t|&<>()[]" + "".join(LINE_BREAKS), max_size=6),
         ),
         min_size=1,
         max_size=5,
@@ -52,19 +71,32 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run_rendered(config: SystemConfig, sandbox: Path, probe_var: str = "") -> tuple[list[dict], Path]:
+def run_rendered(
+    config: SystemConfig,
+    sandbox: Path,
+    probe_var: str = "",
+    secrets: dict[str, str] | None = None,
+    must_succeed: bool = True,
+) -> tuple[list[dict], Path]:
     case = sandbox / f"case{len(list(sandbox.glob('case*')))}"
     case.mkdir()
     script = stand_ins.render_case(config, case)
+    if secrets:  # where submission writes them: the script runs with HOME=case (stand_ins.start)
+        store_secrets(secrets, {**secrets, "HOME": str(case)})
     # The sentinel path is relative: a payload that ran 'touch' would create it in the case directory.
     code, output = stand_ins.run(script, sandbox / "bin", probe_var=probe_var)
-    assert code == 0, output
+    assert code == 0 or not must_succeed, output
     assert not (case / "PWNED").exists(), f"injected command ran; script:\n{script.read_text()}"
     return stand_ins.calls(case), case
 
 
+@cache
+def _resolved(system: str) -> SystemConfig:
+    return load_system(system, environ={}).config
+
+
 def with_payload(system: str, **updates: Any) -> SystemConfig | None:
-    data = load_system(system, environ={}).config.model_dump()
+    data = _resolved(system).model_dump()
     for dotted, value in updates.items():
         node = data
         *parents, last = dotted.split(".")
@@ -86,16 +118,71 @@ SETTINGS = settings(
 )
 
 
+# Names the job scripts have used (before their own variables moved to _fc_), those they use now (read
+# from the templates), bash's and run.sub's: each must be refused, or reach the ranks as a plain variable.
+HISTORIC_SCRIPT_NAMES = ["NEXP", "SEED_BASE", "RUN_DIR", "CONFIG", "RESULTS_DIR", "HEAD_NODE", "RUNTIME"]
+HISTORIC_SCRIPT_NAMES += ["CONTAINER_NAME", "CONTAINER_IMAGE", "EXEC_ENV", "status", "exp", "rc", "pid"]
+KNOWN_NAMES = sorted({*HISTORIC_SCRIPT_NAMES, *script_names(), *BASH_VARIABLES, *RUN_SUB_SETTINGS})
+# The harness's own variables (the stand-ins are Python scripts found through PATH), not the script's.
+HARNESS = {"PATH", "RECORD_FILE", "PROBE_VAR_NAME", "STAND_IN_RULES"}
+env_names = st.one_of(
+    st.sampled_from(KNOWN_NAMES), st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,7}", fullmatch=True)
+)
+
+
 @SETTINGS
-@given(payloads)
-def test_env_values_reach_the_ranks_verbatim(sandbox: Path, raw: str) -> None:
+@given(st.sampled_from(["local_slurm", "dgx_h100x8", "mi300x8"]), env_names, payloads)
+def test_env_names_and_values_reach_the_ranks_verbatim(
+    sandbox: Path, system: str, name: str, raw: str
+) -> None:
+    assume(name not in HARNESS and not name.startswith(("PYTHON", "LD_")))
     value = fill(raw)
-    config = with_payload("local_slurm", env={"PROBE": value}, python=value)
+    config = with_payload(system, env={name: value}, python=value)
+    if config is None:  # refused: only a name the script, bash or run.sub owns
+        assert env_name_problem(name) is not None, name
+        config = with_payload(system, env={"PROBE": value}, python=value)
+        name = "PROBE"
     assert config is not None
-    calls, _ = run_rendered(config, sandbox, probe_var="PROBE")
+    calls, _ = run_rendered(config, sandbox, probe_var=name)
     rank_calls = [c for c in calls if c["argv"][0] == "srun" and "--kill-on-bad-exit=1" in c["argv"]]
     assert rank_calls and all(c["probe"] == value for c in rank_calls)
-    assert all(c["argv"][c["argv"].index("--kill-on-bad-exit=1") + 1] == value for c in rank_calls)  # python
+    assert all(value in c["argv"] for c in rank_calls)  # python, one argument
+
+
+@pytest.mark.parametrize(
+    "name", sorted({*script_names(), *BASH_VARIABLES, *RANK_VARIABLES, *RUN_SUB_SETTINGS})
+)
+def test_every_reserved_name_is_refused_in_one_line(name: str) -> None:
+    with pytest.raises(FluxClusterError) as error:
+        load_system("local_slurm", [f"env.{name}=x"])
+    message = str(error.value)
+    assert "\n" not in message and f"env.{name}: " in message and "cannot come from the config" in message
+    assert with_payload("local_slurm", secrets=[name]) is None
+
+
+def test_the_reserved_names_come_from_the_templates() -> None:
+    names = script_names()
+    # What the ranks read, and variables of every launcher branch (pyxis, docker, bare metal, local).
+    for expected in ("MASTER_PORT", "FLUX_SEED", "_fc_run_dir", "_fc_exp", "_fc_pyxis_args", "_fc_runtime"):
+        assert expected in names
+    assert all(n.startswith(("_fc_", "FLUX_", "SLURM_", "MASTER_")) or n in ("HOME", "IFS") for n in names)
+    assert env_name_problem("NCCL_DEBUG") is None and env_name_problem("HF_HOME") is None
+
+
+@pytest.mark.parametrize("system", ["local_slurm", "dgx_h100x8", "mi300x8"])
+def test_no_script_variable_is_read_as_code_even_if_validation_let_it_through(
+    sandbox: Path, system: str
+) -> None:
+    """Defence in depth: with the name check bypassed, a hostile value under any name the script uses
+    still runs nothing: no config value is read back in an arithmetic context."""
+    names = sorted({*script_names(), *HISTORIC_SCRIPT_NAMES} - {"IFS"})
+    from_slurm = {"SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID"}  # checked as digits: the script stops there
+    base = _resolved(system)
+    for batch in ([n for n in names if n not in from_slurm], sorted(from_slurm)):
+        hostile = base.model_copy(update={"env": dict.fromkeys(batch, fill("PATH[$(touch {s})]"))})
+        calls, _ = run_rendered(hostile, sandbox, must_succeed=False)
+        if batch != sorted(from_slurm):
+            assert any("--kill-on-bad-exit=1" in c["argv"] for c in calls), "the ranks never started"
 
 
 @SETTINGS
@@ -165,3 +252,113 @@ def test_secrets_are_passed_by_name_only(sandbox: Path) -> None:
     text = (case / "job.sh").read_text()
     assert "HF_TOKEN" in text and secret not in text
     assert any("--container-env=" in a and "HF_TOKEN" in a for c in calls for a in c["argv"])
+
+
+@pytest.mark.parametrize("system", ["dgx_h100x8", "mi300x8", "local_slurm"])
+def test_secrets_reach_the_ranks_from_a_private_file_not_through_slurm(sandbox: Path, system: str) -> None:
+    secret = fill("hf_4f3a $(touch {s}) 'q' \\ PATH[$(touch {s})]\n")
+    config = with_payload(system, secrets=["HF_TOKEN"])
+    assert config is not None
+    calls, case = run_rendered(config, sandbox, probe_var="HF_TOKEN", secrets={"HF_TOKEN": secret})
+    text = (case / "job.sh").read_text()
+    # sbatch keeps the submitting environment in slurmctld's state: the secret is blanked there.
+    assert "#SBATCH --export=ALL,HF_TOKEN=\n" in text and "hf_4f3a" not in text
+    rank_calls = [c for c in calls if c["argv"][0] == "srun" and "--kill-on-bad-exit=1" in c["argv"]]
+    assert rank_calls and all(c["probe"] == secret for c in rank_calls)  # verbatim, newline included
+    folder = secrets_dir({"HOME": str(case)})
+    assert (folder / "HF_TOKEN").stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.slurm
+def test_slurm_saves_no_secret_value_in_the_job_environment(
+    slurm_cluster: dict[str, str], cli: CliRunner, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held job (nothing runs): what slurmctld stored as the job's environment holds no secret."""
+    secret = "hf_never_in_slurm_state_73d1"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    monkeypatch.setenv("FLUX_CLUSTER_SECRETS", str(workdir / "secrets"))
+    args = [
+        "submit",
+        "--system",
+        "local_slurm",
+        "--job",
+        "preflight",
+        "--dry-run",
+        "--set",
+        "secrets=[HF_TOKEN]",
+    ]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (workdir / "secrets" / "HF_TOKEN").read_text() == secret
+    script = next(workdir.glob("runs/*/*/job.sh"))
+    submitted = subprocess.run(
+        ["sbatch", "--hold", "--parsable", str(script)], capture_output=True, text=True
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+        state = next(
+            line.split("=", 1)[1].strip() for line in config.splitlines() if "StateSaveLocation" in line
+        )
+        saved = (Path(state) / f"hash.{int(job_id) % 10}" / f"job.{job_id}" / "environment").read_bytes()
+        assert b"HF_TOKEN=\0" in saved and secret.encode() not in saved
+        details = subprocess.run(["scontrol", "show", "job", "-dd", job_id], capture_output=True).stdout
+        assert secret.encode() not in details
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+
+
+CHECKED_FIELDS = [
+    ("slurm.walltime", "90"),
+    ("data_prep.walltime", "1-00:00:00"),
+    ("slurm.partition", "batch"),
+    ("slurm.account", "mlperf"),
+    ("slurm.qos", "high"),
+    ("slurm.mem_per_cpu", "1000"),
+    ("name", "site"),
+    ("container.name", "fc"),
+    ("container.registry", "registry.example.com/mlperf"),
+    ("slurm.extra_sbatch", ["--reservation=x"]),
+    ("slurm.srun_args", ["--mpi=pmix"]),
+    ("secrets", ["HF_TOKEN"]),
+    ("env", {"NCCL_DEBUG": "INFO"}),
+]
+
+
+def test_a_line_break_never_passes_a_check() -> None:
+    """Python's re '$' also matches before a final newline: every check must match the whole value. All
+    fields x all line breaks x both ends (a few hundred validations, no script runs)."""
+
+    def broken(valid: Any, line_break: str, at_end: bool) -> Any:
+        if isinstance(valid, list):
+            return [broken(valid[0], line_break, at_end)]
+        if isinstance(valid, dict):
+            return {broken(k, line_break, at_end): v for k, v in valid.items()}
+        return valid + line_break if at_end else line_break + valid
+
+    for key, valid in CHECKED_FIELDS:
+        assert with_payload("local_slurm", **{key: valid}) is not None, key
+        for line_break in LINE_BREAKS:
+            for at_end in (True, False):
+                bad = broken(valid, line_break, at_end)
+                assert with_payload("local_slurm", **{key: bad}) is None, f"{key}={bad!r} was accepted"
+
+
+def test_a_yaml_escaped_newline_is_refused_with_one_line() -> None:
+    with pytest.raises(FluxClusterError, match=r"^--set: slurm.walltime: expected minutes") as error:
+        load_system("local_slurm", [r'slurm.walltime="90\n"'])
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--experiment", "pf\n"), ("--experiment", "pf\u2028"), ("--runs-dir", "r\n")]
+)
+def test_cli_names_ending_in_a_line_break_are_refused(
+    cli: CliRunner, workdir: Path, option: str, value: str
+) -> None:
+    if option == "--runs-dir":
+        value = str(workdir / value)
+    line = error_line(cli.invoke(app, ["submit", "--system", "local_slurm", "--dry-run", option, value]))
+    assert option in line or "Slurm jobs need paths" in line
+    assert not any(workdir.iterdir()), "nothing is created"

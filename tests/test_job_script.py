@@ -72,6 +72,45 @@ def test_requeue_marker_makes_the_script_requeue(tmp_path: Path, bin_dir: Path, 
         assert code == 1 and "scontrol requeue failed" in output
 
 
+@pytest.mark.parametrize(
+    ("train_exit", "marker", "crashes", "requeued"),
+    [
+        (137, False, 1, True),  # a rank SIGKILLed (a node crash, the OOM killer): resume from a checkpoint
+        (1, False, 0, False),  # an error: it would fail again at every start
+        (3, False, 0, False),  # the target not reached: so would this
+        (137, False, 2, False),  # slurm.max_requeues crash requeues reached
+        (0, True, 2, True),  # the time-limit requeue made progress: never counted
+    ],
+)
+def test_a_rank_killed_by_a_signal_requeues_the_job_up_to_max_requeues(
+    tmp_path: Path, bin_dir: Path, train_exit: int, marker: bool, crashes: int, requeued: bool
+) -> None:
+    config = load_system("local_slurm", ["slurm.max_requeues=2"], environ={}).config
+    case = case_dir(tmp_path, "crash")
+    script = stand_ins.render_case(config, case)
+    count = case / "run" / "state" / "crash_requeues"
+    count.parent.mkdir(parents=True, exist_ok=True)
+    count.write_text(f"{crashes}\n")
+    rule: dict[str, object] = {"match": "flux_cluster.train", "exit": train_exit}
+    if marker:
+        rule["touch"] = str(case / "run" / "state" / "requeue-42")
+    code, output = stand_ins.run(script, bin_dir, rules=[rule])
+    requeues = [c["argv"] for c in stand_ins.calls(case) if c["argv"][:2] == ["scontrol", "requeue"]]
+    assert requeues == ([["scontrol", "requeue", "42"]] if requeued else []), output
+    assert not (case / "run" / "state" / "exp_0.done").exists()
+    if requeued and not marker:
+        why = "a rank was killed by a signal (srun exit code 137: signal 9)"
+        assert code == 0 and f"{why} (crash requeue 2 of at most 2): requeueing job 42" in output
+        assert count.read_text().strip() == "2"
+    elif requeued:
+        assert code == 0 and count.read_text().strip() == "2"  # unchanged
+    elif crashes == 2:
+        (line,) = [line for line in output.splitlines() if "max_requeues" in line]
+        assert code == 1 and "error: " in line and "already requeued 2 time(s) after a crash" in line, output
+    else:
+        assert code == train_exit and "requeue" not in output, output
+
+
 def test_docker_relays_the_batch_signal_into_the_containers(tmp_path: Path, bin_dir: Path) -> None:
     config = load_system(
         "mi300x8", ["mlperf.comm_test=false", "mlperf.check_compliance=false"], environ={}
@@ -91,3 +130,15 @@ def test_docker_relays_the_batch_signal_into_the_containers(tmp_path: Path, bin_
     assert "--env=FLUX_PID_DIR" in relays[0] and "flux_cluster.jobs.signals" in relays[0]
     removed = [c["argv"] for c in stand_ins.calls(case) if "rm" in c["argv"] and "--force" in c["argv"]]
     assert len(removed) == 2, "a stale container is removed before the start, and ours at the end"
+
+
+def test_a_log_that_fails_the_compliance_check_fails_the_job(tmp_path: Path, bin_dir: Path) -> None:
+    config = load_system("local_slurm", ["mlperf.nexp=2", "mlperf.nexp_mode=serial"], environ={}).config
+    case = case_dir(tmp_path, "compliance")
+    script = stand_ins.render_case(config, case)
+    code, output = stand_ins.run(
+        script, bin_dir, rules=[{"match": "flux_cluster.mlperf_rules check", "exit": 1}]
+    )
+    assert code == 1, output
+    assert "repeat index 0 finished" not in output
+    assert not list((case / "run" / "state").glob("exp_*.done"))

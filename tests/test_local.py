@@ -59,6 +59,8 @@ def test_local_preflight_fails_on_a_missing_data_root(cli: CliRunner, workdir: P
     )
     assert result.exit_code != 0
     assert "FAILED" in result.output and "missing or not a directory" in result.output
+    # an expected failure: the preflight's verdict, never torchrun's ChildFailedError traceback
+    assert "Traceback" not in result.output and "ChildFailedError" not in result.output
 
 
 def test_local_preflight_fails_in_one_line_when_the_model_step_cannot_run(
@@ -120,3 +122,64 @@ def test_cancel_stops_every_process_of_a_local_run(cli: CliRunner, workdir: Path
         time.sleep(0.2)
     status = cli.invoke(app, ["status"])
     assert "FAILED" in status.output
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from flux_cluster.rundir import lock_repeat
+lock = lock_repeat(Path(sys.argv[1]), 0)
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def prepared_local_run(cli: CliRunner, workdir: Path) -> Path:
+    result = cli.invoke(app, ["submit", "--system", "local", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = list_runs(workdir / "runs")
+    return run_dir
+
+
+def test_a_second_attempt_of_a_repeat_is_refused_while_the_first_runs(cli: CliRunner, workdir: Path) -> None:
+    from flux_cluster.errors import FluxClusterError
+    from flux_cluster.rundir import lock_repeat
+
+    run_dir = prepared_local_run(cli, workdir)
+    RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=None, exit_code=75).save(run_dir)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    try:
+        lock_repeat(run_dir, 0)
+    except FluxClusterError as exc:
+        assert f"another attempt of repeat 0 is still running (pid {holder.pid} on " in str(exc)
+        assert "\n" not in str(exc)
+    else:
+        raise AssertionError("two attempts must not hold the same repeat")
+    # a repeat resumed by hand (bash job.sh) is running, whatever the first attempt's record says
+    assert "RUNNING" in cli.invoke(app, ["status"]).output
+    holder.kill()
+    holder.wait()
+    assert lock_repeat(run_dir, 0) is not None  # released with its process
+    assert "FAILED (exit 75)" in cli.invoke(app, ["status"]).output
+
+
+def test_status_of_a_killed_run_and_of_one_that_resumed_later(cli: CliRunner, workdir: Path) -> None:
+    run_dir = prepared_local_run(cli, workdir)
+    # The runner still blocked on output the orphaned ranks hold open: the killed script is a zombie.
+    zombie = subprocess.Popen(["bash", "-c", "exit 0"])
+    deadline = time.monotonic() + 10
+    while "zombie" not in Path(f"/proc/{zombie.pid}/status").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=zombie.pid).save(run_dir)
+    status = cli.invoke(app, ["status"]).output
+    assert "RUNNING" not in status and "FAILED (the runner was killed" in status, status
+    zombie.wait()
+    # The killed attempt recorded a failure; the repeat then resumed by hand and finished.
+    record = RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=zombie.pid, exit_code=-9)
+    record.save(run_dir)
+    (run_dir / "state").mkdir(exist_ok=True)
+    (run_dir / "state" / "exp_0.done").touch()
+    status = cli.invoke(app, ["status"]).output
+    assert "COMPLETED" in status and "FAILED" not in status, status

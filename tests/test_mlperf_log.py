@@ -5,11 +5,30 @@ from pathlib import Path
 import pytest
 from checker import compliance_check
 
-from flux_cluster.mlperf_rules import RULESETS, Ruleset
+from flux_cluster.config import load_system
+from flux_cluster.mlperf_rules import (
+    RULESETS,
+    Deviation,
+    Ruleset,
+    closed_division_deviations,
+    compliance_verdict,
+    logged_deviations,
+    run_deviations,
+)
+from flux_cluster.mlperf_rules import main as compliance_step
 from flux_cluster.training.mlperf_log import MlperfLog, RunFacts, evaluation_frequency
+from flux_cluster.training.workload import load_workload, resolve_training
 
 
-def write_run(path: Path, ruleset: Ruleset, *, gbs: int = 512, final_loss: float = 0.55) -> None:
+def write_run(
+    path: Path,
+    ruleset: Ruleset,
+    *,
+    gbs: int = 512,
+    final_loss: float = 0.55,
+    eval_every_steps: int | None = None,
+    deviations: tuple[Deviation, ...] = (),
+) -> None:
     """The timeline the training job writes: header, blocks of training, evals, run_stop."""
     facts = RunFacts(
         submission_org="flux-cluster",
@@ -22,12 +41,14 @@ def write_run(path: Path, ruleset: Ruleset, *, gbs: int = 512, final_loss: float
         eval_samples=29_696,
         config_filename="configs/benchmarks/flux1.yaml",
         seed=7,
+        eval_every_steps=eval_every_steps,
+        deviations=deviations,
     )
     log = MlperfLog(path, enabled=True)
     log.header(facts, ruleset, cache_cleared=True)
     log.end("init_stop")
     log.start("run_start")
-    interval = evaluation_frequency("6.0.0", gbs)
+    interval = evaluation_frequency("6.0.0", gbs, eval_every_steps)
     for i, loss in enumerate((0.9, 0.7, final_loss), start=1):
         log.start("block_start", metadata={"samples_count": (i - 1) * interval})
         log.end("block_stop", metadata={"samples_count": i * interval})
@@ -93,3 +114,92 @@ def test_only_rank_zero_writes(tmp_path: Path) -> None:
 def test_facts_are_checked_at_construction() -> None:
     with pytest.raises(ValueError, match="multiple"):
         RunFacts("o", "p", 100, 32, 1e-4, 0, 1, 1, "c.yaml")
+
+
+def _deviations(system: str, *sets: str) -> list[Deviation]:
+    plan = resolve_training(load_system(system, list(sets)).config)
+    presets = load_workload(plan.train.benchmark)[0].batch_presets.keys()
+    return closed_division_deviations(plan.train.model_dump(), plan.mlperf.model_dump(), presets, 4096, 512)
+
+
+def test_the_logged_eval_interval_is_the_real_one(tmp_path: Path) -> None:
+    """--system local evaluates every 50 steps of 16 samples: the log says 800, and the official checker
+    (which wants 262,144) rejects it under every ruleset."""
+    assert evaluation_frequency("6.1.0", 16, 50) == evaluation_frequency("5.1.0", 16, 50) == 800
+    assert evaluation_frequency("5.1.0", 16, 16384) == 262_144  # the closed interval keeps 5.1.0's value
+    for ruleset in RULESETS:
+        log = tmp_path / f"result_{ruleset}.txt"
+        write_run(log, ruleset, gbs=16, eval_every_steps=50)
+        assert '"key": "evaluation_frequency", "value": 800,' in log.read_text()
+        outcome = compliance_check(log, ruleset)
+        assert outcome.returncode != 0 and "CHECK for 'evaluation_frequency' failed" in outcome.stderr
+
+
+def test_settings_that_break_the_closed_rules_are_named() -> None:
+    reasons = [d.reason for d in _deviations("local")]
+    assert reasons == [
+        "model tiny (the benchmark trains flux-schnell)",
+        "global batch 16 has no reference preset (512, 1024, 2048, 2304, 4096)",
+        "evaluates every 800 samples (50 steps), not every 262,144 (16384 steps)",
+        "sample budget 16,000 (train.max_samples), below the workload's 40,000,000",
+        "4,096 train samples, not flux1's 1,099,776",
+        "512 val samples, not flux1's 29,696",
+    ]
+    assert [d.log_key for d in _deviations("local")][2] == "evaluation_frequency"
+    target = _deviations("local", "train.target=0.7")
+    assert ("target loss 0.7, not 0.586", "eval_accuracy") in [(d.reason, d.log_key) for d in target]
+    target = _deviations("local", "train.target=0.01")  # stricter: the checker cannot object to it
+    assert ("target loss 0.01, not 0.586", None) in [(d.reason, d.log_key) for d in target]
+    # the benchmark's own settings on a real system conform (the dataset sizes aside, given here as 4096/512)
+    real = [d.reason for d in _deviations("dgx_h100x8", "paths.data_root=/d")]
+    assert real == ["4,096 train samples, not flux1's 1,099,776", "512 val samples, not flux1's 29,696"]
+    plan = resolve_training(
+        load_system("dgx_h100x8", ["paths.data_root=/d", "train.eval_every_steps=512"]).config
+    )
+    assert run_deviations({"training": plan.model_dump(mode="json")}) == []
+    plan = resolve_training(load_system("local").config)
+    assert len(run_deviations({"training": plan.model_dump(mode="json")})) == 4  # the report's view
+    assert run_deviations({"name": "preflight"}) == []
+
+
+def test_the_compliance_step_labels_a_non_conforming_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job's compliance line: a conforming log passes; the tiny run's log is NON-CONFORMING with its
+    reasons, and the checker's rejection of evaluation_frequency is expected; anything else fails."""
+    good = tmp_path / "result_0.txt"
+    write_run(good, "6.1.0")
+    assert logged_deviations(good) == []
+    assert compliance_verdict(good, "6.1.0", tmp_path / "c0.log") == (
+        "result_0.txt passed the MLPerf 6.1.0 compliance check",
+        0,
+    )
+    assert "SUCCESS" in (tmp_path / "c0.log").read_text()
+
+    tiny = tmp_path / "result_1.txt"
+    write_run(tiny, "6.1.0", gbs=16, eval_every_steps=50, deviations=tuple(_deviations("local")))
+    assert logged_deviations(tiny) == [d.reason for d in _deviations("local")]
+    said = capsys.readouterr().out  # the job's output says it too, once
+    assert (
+        said.count("NON-CONFORMING") == 1 and "[train] NON-CONFORMING: not an MLPerf closed-division" in said
+    )
+    assert (
+        compliance_step(["check", str(tiny), "--ruleset", "6.1.0", "--log-output", str(tmp_path / "c1.log")])
+        == 0
+    )
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and line.startswith("result_1.txt is NON-CONFORMING, not an MLPerf result: ")
+    assert (
+        "evaluates every 800 samples" in line
+        and "rejects evaluation_frequency for that, nothing else" in line
+    )
+    assert "FAILED" in (tmp_path / "c1.log").read_text()
+
+    broken = tmp_path / "result_2.txt"  # non-conforming and missing a key: a real failure
+    broken.write_text(
+        "".join(x for x in tiny.read_text().splitlines(True) if "opt_base_learning_rate" not in x)
+    )
+    line, code = compliance_verdict(broken, "6.1.0", tmp_path / "c2.log")
+    details = f"(details: {tmp_path / 'c2.log'})"
+    assert code == 1
+    assert line == f"error: result_2.txt (non-conforming) failed the MLPerf 6.1.0 compliance check {details}"

@@ -119,7 +119,8 @@ def test_a_folder_without_a_diffusers_config_is_refused(tmp_path: Path) -> None:
 
 def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     """benchmarks/train_throughput.py is GPU work; --smoke checks its code paths on CPU (the job's own,
-    "ours", and the plain diffusers + autocast "peer"), and --memory-estimate prints its full-depth table
+    "ours", the same with train.precision fp8, and the plain diffusers + autocast "peer"), and
+    --memory-estimate prints its full-depth table
     (meta device, no GPU)."""
     import json
     import subprocess
@@ -139,24 +140,29 @@ def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     rows = facts["rows"]
     cases = sorted((r["impl"], r["micro_batch"], r["checkpointing"], r["compile"]) for r in rows)
     assert cases == sorted(
-        (impl, mbs, mode, False) for impl in ("ours", "peer") for mbs in (1, 2) for mode in ("full", "none")
+        (impl, mbs, mode, False)
+        for impl in ("ours", "ours-fp8", "peer")
+        for mbs in (1, 2)
+        for mode in ("full", "none")
     )
     phases = ("data_ms", "forward_ms", "backward_ms", "clip_ms", "optimizer_ms")
     for row in rows:
         assert row["status"] == "ok" and row["samples_per_s"] > 0 and row["peak_gb"] is None  # no GPU
         assert all(row[phase] > 0 for phase in phases), row
-        assert (row["estimate_gb"] is not None) == (row["impl"] == "ours")
+        assert (row["estimate_gb"] is not None) == (row["impl"] != "peer")
     # The console table has a row per case, and the ours/peer ratio of every setting both ran.
-    table = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│ ")]
-    assert table.count("ours") == table.count("peer") == 4
-    assert len(facts["ratios"]) == 4
+    cases_table, ratio_table = result.stdout.split("ours / peer (samples/s)")
+    table = [line.split("│")[1].strip() for line in cases_table.splitlines() if line.startswith("│ ")]
+    assert table.count("ours") == table.count("ours-fp8") == table.count("peer") == 4
+    assert len(facts["ratios"]) == 8
     speed = {(r["impl"], r["micro_batch"], r["checkpointing"]): r["samples_per_s"] for r in rows}
     for ratio in facts["ratios"]:
         setting = (ratio["micro_batch"], ratio["checkpointing"])
-        ours, peer = speed[("ours", *setting)], speed[("peer", *setting)]
-        assert ratio["ours_over_peer"] == ours / peer
-        assert f"{ours / peer:.2f}x" in result.stdout
+        ours, peer = speed[(ratio["impl"], *setting)], speed[("peer", *setting)]
+        assert ratio["over_peer"] == ours / peer
+        assert f"{ours / peer:.2f}x" in ratio_table
     assert "| ours | 1 | full | off |" in (tmp_path / "throughput.md").read_text()
+    assert "| ours-fp8 | 1 | full | off |" in (tmp_path / "throughput.md").read_text()
 
     options = ["--world-sizes", "8,64", "--batches", "16", "--checkpointing", "full,none"]
     estimate = subprocess.run(

@@ -40,4 +40,4 @@ def test_wheel_ships_templates_and_systems_and_renders(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     first, *script = result.stdout.splitlines()
     assert first.startswith(str(target)), "templates must come from the installed package, not the checkout"
-    assert "RUNTIME=podman" in script
+    assert "_fc_runtime=podman" in script

@@ -32,7 +32,7 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def sharded(mode: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+def sharded(mode: str, dtype: torch.dtype, seed: int = 0, precision: str = "bf16") -> torch.nn.Module:
     torch.manual_seed(seed)
     model = M.build_model(TINY)
     return parallelize(
@@ -42,6 +42,7 @@ def sharded(mode: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
         param_dtype=dtype,
         activation_checkpointing=mode,
         compile_blocks=False,
+        precision=precision,
     )
 
 
@@ -148,6 +149,29 @@ def test_selective_checkpointing_recomputes_no_matmul() -> None:
     above) and recomputes only the cheap ops; 'full' runs every block's matmuls again."""
     none, ops, full = matmuls_in_a_step("none"), matmuls_in_a_step("ops"), matmuls_in_a_step("full")
     assert ops == none < full
+
+
+def test_fp8_trains_every_block_linear_in_float8_under_checkpointing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.precision 'fp8' (torchao float8 training; GPU-fast only, same numerics on CPU): the blocks'
+    linears run scaled FP8 matmuls, also when recomputed, the embedders and head stay bf16, and the loss
+    stays near the bf16 model's."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = sharded("full", torch.bfloat16, precision="fp8")
+    for unit in transformer_blocks(model):
+        assert any(isinstance(m, Float8Linear) for m in unit.modules())
+    assert not any(isinstance(m, Float8Linear) for m in model.proj_out.modules())
+    scaled_mm, calls = torch._scaled_mm, []
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **kw: calls.append(a[0].dtype) or scaled_mm(*a, **kw))
+    loss = loss_of(model, torch.bfloat16)
+    forward = len(calls)
+    loss.backward()
+    assert forward > 0 and torch.float8_e4m3fn in calls
+    assert len(calls) == 4 * forward  # recomputed forward, then grad-input and grad-weight GEMMs
+    monkeypatch.undo()
+    assert all(p.grad is not None and torch.isfinite(p.grad.full_tensor()).all() for p in model.parameters())
+    reference = loss_of(sharded("full", torch.bfloat16), torch.bfloat16)
+    assert abs(loss.item() - reference.item()) < 0.05 * reference.item()
 
 
 def test_state_dicts_and_lora_keep_diffusers_names(tmp_path: Path) -> None:

@@ -14,11 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
+from flux_cluster.report import plots
 from flux_cluster.report.build import Options, build
 from flux_cluster.report.harvest import harvest_run
 from flux_cluster.report.scoring import olympic_average
 
 ARCHIVE = Path(__file__).resolve().parent / "data" / "mlperf_v51_sample.tar.xz"
+LORA_RUN = ARCHIVE.parent / "local_lora_run"
+"""A real LoRA run of --system local (tests/data/README.md): 640 samples, division open."""
 GROUP = Path("NVIDIA/results/tyche_ngpu16_ngc25.09_nemo/flux1")
 OFFICIAL_MINUTES = 160.70693958333334
 OFFICIAL_SAMPLES = 8_388_608
@@ -217,7 +220,9 @@ def test_failed_runs_follow_the_summarizer(tree: Path, tmp_path: Path) -> None:
 
     (group / "result_5.txt").write_bytes(b"".join(lines[:-30]))
     (two_failed,) = build([tree], Options(check=False))
-    assert two_failed.olympic_minutes is None and two_failed.gpu_hours is None
+    assert two_failed.olympic_minutes is None and two_failed.minutes_basis == "measured"
+    timed = [r.minutes for r in two_failed.runs if r.minutes is not None]  # GPU-hours of the 8 timed runs
+    assert len(timed) == 8 and two_failed.gpu_hours == pytest.approx(sum(timed) / 8 * 16 / 60)
     assert any("more than 1 allowed" in w for w in two_failed.warnings)
 
 
@@ -303,6 +308,12 @@ def test_compare_gives_ratios(cli: CliRunner, tree: Path, tmp_path: Path) -> Non
     assert table.exit_code == 0 and "0.500x" in table.output
 
 
+WIDTHS = """<script>document.body.insertAdjacentHTML("beforeend", "<pre id=widths>" +
+  [document.documentElement, ...document.querySelectorAll(".scroll")].map(e => e.scrollWidth - e.clientWidth)
+  + "</pre>")</script>"""
+"""Added to a copy of the page: how far the page and each table box scroll sideways, in pixels."""
+
+
 def test_html_loads_in_headless_chromium_and_shows_the_plots(
     cli: CliRunner, tree: Path, tmp_path: Path
 ) -> None:
@@ -312,9 +323,12 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
     bigger = tmp_path / "more"
     shutil.copytree(tree / "NVIDIA", bigger / "NVIDIA")
     page = tmp_path / "report.html"
-    result = cli.invoke(app, ["report", str(tree), str(bigger), "--no-check", "-f", "html", "-o", str(page)])
+    paths = [str(tree), str(bigger), str(LORA_RUN)]  # two MLPerf groups and a 640-sample fine-tuning run
+    result = cli.invoke(app, ["report", *paths, "--no-check", "--price", "2", "-f", "html", "-o", str(page)])
     assert result.exit_code == 0, result.output
     html = page.read_text()
+    measured = tmp_path / "measured.html"
+    measured.write_text(html.replace("</body>", WIDTHS + "</body>"))
     for external in (
         "<script",
         "<link",
@@ -333,7 +347,14 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
         f"--user-data-dir={tmp_path / 'profile'}",
     ]
     dom = subprocess.run(
-        [*browser, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+        [
+            *browser,
+            "--window-size=1400,1000",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            measured.as_uri(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -341,9 +362,15 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count("<svg") == 4 and "tyche_ngpu16_ngc25.09_nemo" in dom.stdout
     assert "CONSOLE" not in dom.stderr and "Failed to load" not in dom.stderr, dom.stderr[-2000:]
+    widths = dom.stdout.split('<pre id="widths">')[1].split("</pre>")[0]
+    assert [int(w) for w in widths.split(",")] == [0] * (1 + html.count('class="scroll"')), (
+        widths
+    )  # at 1,400 px
+    assert dom.stdout.index('id="answers"') < dom.stdout.index('id="summary"')  # the answers lead
+    assert "$0.11" in dom.stdout and "$85.71" in dom.stdout  # cost per run, with and without a score
     shot = tmp_path / "shot.png"
     subprocess.run(
-        [*browser, "--window-size=1400,1400", f"--screenshot={shot}", page.as_uri()],
+        [*browser, "--window-size=1400,2600", f"--screenshot={shot}", page.as_uri()],
         capture_output=True,
         timeout=120,
         check=True,
@@ -357,3 +384,46 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
     )
     assert bar > 5000, "the screenshot shows no throughput/time-to-train bars"
     assert sum(n for n, (r, g, b) in colors if r > 150 and g < 110 and b < 110) > 20, "no scaling points"
+
+
+def test_fine_tuning_runs_skip_the_checker_and_cost_their_measured_time(
+    cli: CliRunner, workdir: Path, sample: Path
+) -> None:
+    (lora,) = build([LORA_RUN], Options(check=True, price=2.0))
+    (run,) = lora.runs
+    assert lora.train_mode == "lora" and run.status == "aborted" and run.minutes  # it ran its sample budget
+    assert run.compliance == "not applicable" and not run.scored and lora.olympic_minutes is None
+    assert lora.minutes_basis == "measured" and lora.mean_minutes == run.minutes
+    assert lora.gpu_hours == pytest.approx(run.minutes * 2 / 60)
+    assert lora.cost_usd == lora.total_cost_usd == pytest.approx(lora.gpu_hours * 2)
+    assert any(w.startswith("fine-tuning (train.mode lora)") for w in lora.warnings)
+
+    one = workdir / "one" / GROUP  # a benchmark group with no olympic score (one run) costs its measured time
+    one.mkdir(parents=True)
+    shutil.copy(sample / GROUP / "result_0.txt", one)
+    shutil.copytree(sample / GROUP.parents[2] / "systems", workdir / "one" / GROUP.parents[2] / "systems")
+    (single,) = build([one], Options(check=False, price=2.0))
+    assert single.olympic_minutes is None and single.minutes_basis == "measured" and single.accelerators == 16
+    assert single.cost_usd == pytest.approx(single.runs[0].minutes * 16 / 60 * 2)
+
+    (workdir / "base").mkdir()  # the job does not give a fine-tuning log to the checker either
+    for sets, checked in (
+        (["train.mode=lora", f"train.pretrained_path={workdir / 'base'}"], False),
+        ([], True),
+    ):
+        args = ["submit", "--system", "local", "--dry-run", *(x for s in sets for x in ("--set", s))]
+        script = cli.invoke(app, args)
+        assert script.exit_code == 0, script.output
+        assert ("-m flux_cluster.mlperf_rules check" in script.output) is checked, sets
+
+
+def test_plots_give_each_scale_its_own_panel_and_name_what_they_leave_out(sample: Path) -> None:
+    groups = build([sample, LORA_RUN], Options(check=False))
+    loss = plots.eval_loss(groups)
+    assert loss.svg.count('<g id="axes_') == 2 and loss.wide  # 640 samples beside 9M: two sample axes
+    assert plots.eval_loss(groups + groups).svg.count('<g id="axes_') == 2  # same scales share a panel
+    left_out = "not shown: local (2, lora): fine-tuning, no olympic score"
+    scaling = plots.scaling(groups)
+    assert left_out in plots.time_to_train(groups) and left_out in scaling
+    assert "scaling needs scores at two or more accelerator counts" in scaling
+    assert "not shown" not in plots.throughput(groups)  # every group has a throughput

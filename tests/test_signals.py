@@ -1,5 +1,7 @@
 """The rank side of checkpoint-and-requeue, with real processes and real signals."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,3 +54,75 @@ def test_finish_interrupted_writes_the_marker_on_rank_zero_only(
     assert finish_interrupted(rank=0) == 0 and marker.read_text() == "42\n"
     monkeypatch.delenv("FLUX_REQUEUE_MARKER")
     assert finish_interrupted(rank=0) == INTERRUPTED_EXIT_CODE  # outside Slurm nothing requeues the run
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(p) for p in (task / "children").read_text().split()]
+    return found
+
+
+def test_loader_workers_outlive_the_signals_slurm_sends_to_every_process(tmp_path: Path) -> None:
+    """Slurm signals every process of a step (preemption, requeue, scancel). Torch's workers would die of
+    SIGTERM, and the checkpoint that signal asks for (it fetches the workers' loader state) would fail."""
+    from data_helpers import make_energon_root
+
+    from data_prep.format import DIMS
+    from data_prep.loader import train_loader
+
+    root = make_energon_root(tmp_path, 24, 8)
+    loader = train_loader(root, batch_size=2, rank=0, world_size=1, seed=1, num_workers=1, dims=DIMS["tiny"])
+    before = set(_children(os.getpid()))
+    batches = iter(loader)
+    next(batches)
+    (worker,) = set(_children(os.getpid())) - before
+    for name in ("TERM", "USR1", "INT"):  # from another process, as slurmstepd sends them
+        subprocess.run(["kill", f"-{name}", str(worker)], check=True)
+    time.sleep(0.5)
+    assert Path(f"/proc/{worker}").exists()
+    state = loader.save_state_rank()  # asks the worker
+    assert state is not None and len([next(batches) for _ in range(3)]) == 3
+    os.kill(worker, signal.SIGTERM)  # from its parent: torch's own way of stopping a worker still works
+    deadline = time.monotonic() + 10
+    while worker in _children(os.getpid()) and Path(f"/proc/{worker}/status").exists():
+        if "zombie" in Path(f"/proc/{worker}/status").read_text():
+            break
+        assert time.monotonic() < deadline, "the worker ignored its parent's SIGTERM"
+        time.sleep(0.05)
+
+
+# A rank as torchrun starts it: in its own session, so killing torchrun's process group misses it.
+TORCHRUN_RANK = """
+import time
+from flux_cluster.jobs.signals import die_with_parent, under_torchrun
+if under_torchrun():
+    die_with_parent()
+print("rank up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_ranks_die_with_a_killed_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN_RANK)
+    pid_file = tmp_path / "out.txt"
+    with pid_file.open("w") as out:
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", script],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while "rank up" not in pid_file.read_text():
+        assert torchrun.poll() is None and time.monotonic() < deadline, pid_file.read_text()
+        time.sleep(0.1)
+    (rank,) = _children(torchrun.pid)
+    assert os.getsid(rank) != os.getsid(torchrun.pid)  # what makes 'kill -9 -<group>' miss it
+    os.killpg(torchrun.pid, signal.SIGKILL)
+    torchrun.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{rank}").exists() and "zombie" not in Path(f"/proc/{rank}/status").read_text():
+        assert time.monotonic() < deadline, "the rank outlived torchrun"
+        time.sleep(0.05)

@@ -64,9 +64,14 @@ def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, 
     log = run_dir / "results" / "result_0.txt"
     assert (run_dir / "results" / "compliance_0.log").is_file()  # the job script ran the checker
     assert list((run_dir / "tensorboard" / "exp_0").glob("events.out.tfevents.*"))
-    for ruleset in RULESETS:  # GBS 16 divides 262,144: the same log satisfies every ruleset
+    # A demonstration, not an MLPerf result: the log says so, and reports the real eval interval (800
+    # samples), which is all the official checker rejects, under every ruleset.
+    assert "result_0.txt is NON-CONFORMING, not an MLPerf result: model tiny" in result.output
+    assert '"key": "evaluation_frequency", "value": 800,' in log.read_text()
+    for ruleset in RULESETS:
         outcome = compliance_check(log, ruleset)
-        assert outcome.returncode == 0, outcome.stdout[-2000:] + outcome.stderr[-2000:]
+        assert outcome.returncode != 0 and "CHECK for 'evaluation_frequency' failed" in outcome.stderr
+        assert outcome.stderr.count("CHECK for") == 1, outcome.stderr[-2000:]  # nothing else
     for key in ("eval_accuracy", "opt_base_learning_rate", "run_stop"):
         broken = workdir / f"without_{key}.txt"
         broken.write_text("".join(x for x in log.read_text().splitlines(True) if f'"key": "{key}"' not in x))
@@ -78,7 +83,7 @@ def test_submit_local_trains_to_the_target_with_a_compliant_log(cli: CliRunner, 
     (group,) = json.loads(report.stdout)["groups"]
     (run,) = group["runs"]
     eval_samples = [r["samples"] for r in rows if "eval_loss" in r]
-    assert run["status"] == "success" and run["compliance"] == "passed" and run["scored"]
+    assert run["status"] == "success" and run["compliance"] != "passed"  # evaluation_frequency 800
     assert run["samples_to_converge"] == eval_samples[-1] and run["evals"] == len(evals)
     assert run["final_eval_loss"] == pytest.approx(evals[-1]) and run["global_batch_size"] == 16
     assert group["accelerators"] == 2 and group["system"] == "local" and group["ruleset"] == "6.1.0"

@@ -47,6 +47,10 @@ def test_gb200_nvl72_uses_nvidias_2304_preset() -> None:
         (["train.global_batch_size=768"], "no preset for 768"),
         (["train.global_batch_size=528"], "does not split over 8 ranks"),
         (["train.dp_shard=3"], "does not divide the 8 ranks"),
+        (
+            ["train.precision=fp8", "train.param_dtype=float32"],
+            "precision 'fp8' needs param_dtype 'bfloat16'",
+        ),
     ],
 )
 def test_bad_combinations_are_one_line_errors_before_anything_is_submitted(

@@ -4,19 +4,45 @@ models) happen inside the commands that need them, never at import time."""
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+
+# Typer 0.29 (pinned) vendors click: its parsers raise these, not the click package's.
+from typer._click import Context
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from flux_cluster import __version__
 from flux_cluster.cli import data, image, launch, report, runs, systems
+from flux_cluster.cli.console import Group, Typer
 from flux_cluster.errors import FluxClusterError
 
 
-class _CleanErrors(TyperGroup):
-    """A FluxClusterError (or an OS error such as a full disk) becomes one line on stderr and exit code 2."""
+def _usage_error_line(exc: UsageError) -> str:
+    """Click's boxed usage error as one line: the command, the problem, where help is."""
+    command = exc.ctx.command_path if exc.ctx else "flux-cluster"
+    message = " ".join(exc.format_message().split())
+    return f"error: {command}: {message} (see '{command} --help')"
+
+
+class _CleanErrors(Group):
+    """A FluxClusterError (or an OS error such as a full disk) becomes one line on stderr and exit code 2;
+    so does a usage error (a bad option value, an unknown option), which Typer would draw as a box."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            typer.echo(_usage_error_line(exc), err=True)
+            raise typer.Exit(2) from None
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            typer.echo(_usage_error_line(exc), err=True)
+            raise typer.Exit(2) from None
         except FluxClusterError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -26,7 +52,7 @@ class _CleanErrors(TyperGroup):
             raise typer.Exit(2) from None
 
 
-app = typer.Typer(
+app = Typer(
     cls=_CleanErrors,
     name="flux-cluster",
     help="Run the MLPerf Training flux1 benchmark and FLUX fine-tuning on GPU clusters.",

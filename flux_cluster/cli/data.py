@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flux_cluster.cli.console import Typer, cli_console, print_table
 from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
     from flux_cluster.config.schema import SystemConfig
 
-app = typer.Typer(help="Synthetic data and dataset inspection.", no_args_is_help=True)
+app = Typer(help="Synthetic data and dataset inspection.", no_args_is_help=True)
 
 StageOption = Annotated[
     str,
@@ -144,15 +145,13 @@ def _stages(stage: str, has_input: bool) -> list[str]:
 
 
 def _run_here(config: "SystemConfig", stages: list[str], workers: int, dry_run: bool) -> int:
-    from rich.console import Console
-
     from data_prep.stages import StagePaths, run_stage
 
     paths = StagePaths(
         Path(config.paths.source_root) if config.paths.source_root else None,
         Path(config.paths.data_root) if config.paths.data_root else None,
     )
-    console = Console(stderr=True)
+    console = cli_console(stderr=True)
     if dry_run:
         for stage in stages:
             typer.echo(
@@ -174,7 +173,6 @@ def _run_here(config: "SystemConfig", stages: list[str], workers: int, dry_run: 
 def _submit_stages(
     config: "SystemConfig", stages: list[str], runs_dir: Path | None, dry_run: bool, wait: bool
 ) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from flux_cluster import slurm
@@ -183,7 +181,7 @@ def _submit_stages(
     from flux_cluster.render import render_script
     from flux_cluster.rundir import RunRecord, create_run_dir, runs_root
 
-    console = Console(stderr=True)
+    console = cli_console(stderr=True)
     root = runs_root(runs_dir, config).absolute()
     check_slurm_path(root)
     for key in ("source_root", "data_root"):
@@ -217,7 +215,7 @@ def _submit_stages(
         dependency = f"afterok:{base_id}"
     if dry_run:
         return 0
-    console.print(table)
+    print_table(console, table)
     console.print("follow a stage: flux-cluster logs RUN_DIR --follow")
     if not wait:
         return 0
@@ -260,11 +258,9 @@ def info(
     ] = 0,
 ) -> None:
     """Shards, samples, bytes and splits of a dataset, and whether it is indexed for Energon."""
-    from rich.console import Console
-
     from data_prep.info import describe, load_check
 
-    console = Console()
+    console = cli_console()
     describe(root, console)
     if load > 0:
         load_check(root, load, console)

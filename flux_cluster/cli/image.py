@@ -5,13 +5,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flux_cluster.cli.console import Typer
 from flux_cluster.cli.options import SetOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
     from flux_cluster.image.build import BuildRequest
 
-app = typer.Typer(help="Build the container images that cluster jobs run in.", no_args_is_help=True)
+app = Typer(help="Build the container images that cluster jobs run in.", no_args_is_help=True)
 
 
 @app.command("build")

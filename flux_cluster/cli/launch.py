@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flux_cluster.cli.console import cli_console
 from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
 
@@ -154,7 +155,7 @@ def launch(request: LaunchRequest) -> int:
             update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
         )
     experiment = request.experiment or ("flux1" if request.job == "train" else request.job)
-    if not re.match(PLAIN_NAME_PATTERN, experiment):
+    if not re.fullmatch(PLAIN_NAME_PATTERN, experiment):
         raise FluxClusterError(f"--experiment {experiment!r}: one name of letters, digits and _.- (no '/')")
     root = runs_root(request.runs_dir, config).absolute()
     if config.launcher == "slurm":
@@ -208,19 +209,18 @@ def _warn_if_image_missing(config: "SystemConfig") -> None:
 
 
 def check_slurm_path(path: Path) -> None:
-    if not _SAFE_PATH.match(str(path)):
+    if not _SAFE_PATH.fullmatch(str(path)):
         raise FluxClusterError(
-            f"{path}: Slurm jobs need paths of letters, digits and _@+=./- only (no spaces); "
+            f"{str(path)!r}: Slurm jobs need paths of letters, digits and _@+=./- only (no spaces); "
             "choose another (--runs-dir, --input, --output)"
         )
 
 
 def _with_training_data(config: "SystemConfig", make: bool) -> "SystemConfig":
     """Systems with train.synthetic_data get their dataset made here (once, on this host) when they name
-    no data root or an empty one; other systems must name an existing prepared root."""
-    from rich.console import Console
-
-    from data_prep.ensure import default_root, ensure_synthetic_root
+    no data root (the user cache) or an existing empty one; other systems must name an existing prepared
+    root. A named root that does not exist is an error, never created."""
+    from data_prep.ensure import check_synthetic_root, default_root, ensure_synthetic_root
 
     spec, data_root = config.train.synthetic_data, config.paths.data_root
     bare_metal = config.container.runtime == "none"  # else paths may be the cluster's, not this host's
@@ -241,10 +241,12 @@ def _with_training_data(config: "SystemConfig", make: bool) -> "SystemConfig":
                 "run 'flux-cluster prepare-data' first"
             )
         return config
-    root = Path(data_root) if data_root else default_root(spec)
+    root = (Path(data_root) if data_root else default_root(spec)).absolute()
+    if data_root:
+        check_synthetic_root(spec, root)  # a dry run too: its script would fail on the same root
     if make:
-        ensure_synthetic_root(spec, root.absolute(), Console(stderr=True))
-    paths = config.paths.model_copy(update={"data_root": str(root.absolute())})
+        ensure_synthetic_root(spec, root, cli_console(stderr=True), explicit=bool(data_root))
+    paths = config.paths.model_copy(update={"data_root": str(root)})
     return config.model_copy(update={"paths": paths})
 
 
@@ -265,16 +267,18 @@ def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) 
         job_section["training"] = training
     write_run_config(plan.run_dir, plan.system, job_section)
     write_atomic(plan.run_dir / SCRIPT_FILE, script, mode=0o755)
+    if plan.system.launcher == "slurm":  # the job reads them at run time, not from Slurm (README: Secrets)
+        from flux_cluster.config.secrets import store_secrets
+
+        store_secrets(plan.system.secrets)
     plan.slurm_dir.mkdir(exist_ok=True)  # Slurm opens --output there before the script starts
 
 
 def _run_here(plan: "JobPlan") -> int:
-    from rich.console import Console
-
     from flux_cluster.local_runner import run_local
     from flux_cluster.rundir import SCRIPT_FILE
 
-    console = Console(stderr=True)
+    console = cli_console(stderr=True)
     console.print(
         f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
         f"{plan.system.gpus_per_node} local processes)"
@@ -293,12 +297,10 @@ def _run_here(plan: "JobPlan") -> int:
 
 
 def _submit(plan: "JobPlan", script: str, wait: bool) -> int:
-    from rich.console import Console
-
     from flux_cluster import slurm
     from flux_cluster.rundir import RunRecord
 
-    console = Console(stderr=True)
+    console = cli_console(stderr=True)
     base_id = slurm.submit_script(script, plan.slurm_dir)
     job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
     RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array).save(

@@ -122,6 +122,7 @@ def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flux_cluster.report.build import build
+    from flux_cluster.safe_text import markup_escape
 
     for root in roots:
         if not root.exists():
@@ -136,7 +137,8 @@ def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":
             self.progress.update(self.task, total=total)
 
         def advance(self, description: str) -> None:
-            self.progress.update(self.task, advance=1, description=description)
+            # the description holds a file name, and rich reads descriptions as markup
+            self.progress.update(self.task, advance=1, description=markup_escape(description))
 
     columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:

@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flux_cluster.cli.console import Typer, cli_console, print_table
 from flux_cluster.cli.options import RunArgument, RunsDirOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
     from flux_cluster.rundir import RunRecord
 
-app = typer.Typer(help="List and manage runs (run directories and their Slurm jobs).", no_args_is_help=True)
+app = Typer(help="List and manage runs (run directories and their Slurm jobs).", no_args_is_help=True)
 
 
 def _load(run: str | None, runs_dir: Path | None) -> "tuple[Path, RunRecord]":
@@ -26,18 +27,11 @@ def _load(run: str | None, runs_dir: Path | None) -> "tuple[Path, RunRecord]":
     return run_dir, record
 
 
-def _local_state(record: "RunRecord") -> str:
-    if record.exit_code is not None:
-        return "COMPLETED" if record.exit_code == 0 else f"FAILED (exit {record.exit_code})"
-    if record.launcher == "dry-run":
-        return "NOT SUBMITTED"
-    alive = record.pid is not None and Path(f"/proc/{record.pid}").exists()
-    return "RUNNING" if alive else "FAILED (the runner exited without a status)"
-
-
-def _states(record: "RunRecord") -> dict[str, str]:
+def _states(record: "RunRecord", run_dir: Path) -> dict[str, str]:
     if record.launcher != "slurm":
-        return {record.launcher: _local_state(record)}
+        from flux_cluster.local_runner import local_state
+
+        return {record.launcher: local_state(run_dir, record)}
     from flux_cluster import slurm
 
     return slurm.job_states(record.job_ids)
@@ -47,7 +41,6 @@ def _states(record: "RunRecord") -> dict[str, str]:
 def list_runs(runs_dir: RunsDirOption = None) -> None:
     """Table of runs under the runs directory, with their live state."""
     import yaml
-    from rich.console import Console
     from rich.table import Table
 
     from flux_cluster.rundir import RunRecord, list_runs, read_run_config, runs_root
@@ -68,18 +61,17 @@ def list_runs(runs_dir: RunsDirOption = None) -> None:
         if record is None:
             ids, state, started = "-", "not started", "-"
         else:
-            states = _states(record)
+            states = _states(record, run_dir)
             ids = ",".join(record.job_ids) or record.launcher
             state = ", ".join(sorted(set(states.values())))
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.submitted_at))
         table.add_row(name, system.name, job["name"], ids, state, started)
-    Console().print(table)
+    print_table(cli_console(), table)
 
 
 @app.command("status")
 def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     """Live Slurm state of every job and array task of a run (sacct)."""
-    from rich.console import Console
     from rich.table import Table
 
     run_dir, record = _load(run, runs_dir)
@@ -87,7 +79,7 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     if record.launcher != "slurm":
         table.add_column("pid")
         table.add_column("state")
-        table.add_row(str(record.pid), _local_state(record))
+        table.add_row(str(record.pid), _states(record, run_dir)[record.launcher])
     else:
         from flux_cluster import slurm
 
@@ -103,7 +95,7 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
                 info.get("NodeList", "-"),
                 info.get("ExitCode", "-"),
             )
-    Console().print(table)
+    print_table(cli_console(), table)
 
 
 def _log_files(run_dir: Path, record: "RunRecord", stderr: bool) -> list[Path]:
@@ -126,31 +118,46 @@ def logs(
         bool, typer.Option("--stderr", help="Show the jobs' stderr instead of stdout.")
     ] = False,
 ) -> None:
-    """Print a run's job output (all repeats, or one with --task)."""
+    """Print a run's job output (all repeats, or one with --task). An array run's lines start with
+    their task id ('[task 3] ...')."""
     from flux_cluster import slurm
 
     run_dir, record = _load(run, runs_dir)
+    if record.launcher == "dry-run":  # no job, so no output and no end to wait for
+        raise FluxClusterError(
+            f"{run_dir}: never submitted (prepared with --dry-run): no job output to show or follow; "
+            f"a job.sh submitted by hand writes its output to {run_dir / 'slurm'}/"
+        )
     files = _log_files(run_dir, record, stderr)
+    labels = [f"[task {job_id.rsplit('_', 1)[-1]}] " if record.array else "" for job_id in record.job_ids]
+    labels = labels or [""] * len(files)  # a local run: one log, no job ids
     if task is not None:
         if not 0 <= task < len(files):
             raise FluxClusterError(f"--task {task}: the run has tasks 0..{len(files) - 1}")
-        files = [files[task]]
+        files, labels = [files[task]], [""]
     offsets = dict.fromkeys(files, 0)
+    pending = dict.fromkeys(files, b"")  # a labelled file's last line until it is complete
     while True:
-        for path in files:
-            if path.is_file():
-                with path.open("rb") as handle:
-                    handle.seek(offsets[path])
-                    chunk = handle.read()
-                if chunk:
-                    if len(files) > 1 and not follow:
-                        sys.stdout.write(f"==> {path.name} <==\n")
-                    sys.stdout.write(chunk.decode(errors="replace"))
-                    sys.stdout.flush()
-                    offsets[path] += len(chunk)
-        if not follow:
-            return
-        if all(slurm.is_final(state) for state in _states(record).values()):
+        # the state first, then the output: once the jobs have ended, this read gets all of it
+        done = not follow or all(slurm.is_final(state) for state in _states(record, run_dir).values())
+        for path, label in zip(files, labels, strict=True):
+            if not path.is_file():
+                continue
+            with path.open("rb") as handle:
+                handle.seek(offsets[path])
+                chunk = handle.read()
+            offsets[path] += len(chunk)
+            if not label:
+                if chunk and len(files) > 1 and not follow:
+                    sys.stdout.write(f"==> {path.name} <==\n")
+                sys.stdout.write(chunk.decode(errors="replace"))
+                continue
+            *lines, pending[path] = (pending[path] + chunk).split(b"\n")
+            if done and pending[path]:
+                lines.append(pending[path])
+            sys.stdout.write("".join(f"{label}{line.decode(errors='replace')}\n" for line in lines))
+        sys.stdout.flush()
+        if done:
             return
         time.sleep(1.0)
         if record.launcher == "local":
@@ -164,10 +171,9 @@ def cancel(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     """Cancel every job of a run (scancel), or stop a local run."""
     run_dir, record = _load(run, runs_dir)
     if record.launcher != "slurm":
-        from flux_cluster.local_runner import stop_group
+        from flux_cluster.local_runner import runner_alive, stop_group
 
-        cmdline = Path(f"/proc/{record.pid}/cmdline")
-        if record.exit_code is None and cmdline.exists() and str(run_dir) in cmdline.read_text():
+        if record.pid is not None and runner_alive(record, run_dir):
             stop_group(record.pid)
             typer.echo(f"stopped local run {run_dir} (process group {record.pid})")
         else:

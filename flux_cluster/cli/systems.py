@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flux_cluster.cli.console import Typer, cli_console, print_table
 from flux_cluster.cli.options import SetOption
 from flux_cluster.errors import FluxClusterError
 
@@ -13,19 +14,19 @@ if TYPE_CHECKING:
 
     from flux_cluster.config import SystemConfig
 
-app = typer.Typer(help="List and inspect system configs.", no_args_is_help=True)
+app = Typer(help="List and inspect system configs.", no_args_is_help=True)
 
 
 @app.command("list")
 def list_systems() -> None:
     """Show every known system as a table."""
-    from rich.console import Console
     from rich.table import Table
 
     from flux_cluster.config import known_systems, load_system
+    from flux_cluster.safe_text import plain
 
-    console = Console()
-    wide = console.width >= 120  # the description column only where it fits
+    console = cli_console()
+    wide = console.width >= 120 or not console.is_terminal  # the description column where it fits, or piped
     table = Table(title="flux-cluster systems")
     columns = ["system", "nodes x GPUs", "accelerator", "runtime", "bf16 TFLOP/s", "$/GPU-h"]
     for column in columns:
@@ -40,7 +41,7 @@ def list_systems() -> None:
             c = load_system(name).config
         except FluxClusterError as exc:
             problems.append(f"{name}: {exc}")
-            table.add_row(name, "-", "[red]invalid[/red]", "-", "-", "-", *(["-"] if wide else []))
+            table.add_row(plain(name), "-", plain("invalid", "red"), "-", "-", "-", *(["-"] if wide else []))
             continue
         runtime = "local" if c.launcher == "local" else c.container.runtime
         cells = [
@@ -51,10 +52,11 @@ def list_systems() -> None:
             f"{c.peak_bf16_tflops:g}",
             f"{c.price_per_gpu_hour:.2f}",
         ]
-        table.add_row(*cells, *([c.description] if wide else []))
-    console.print(table)
+        # config text is shown as text: no rich markup, no terminal control sequences
+        table.add_row(*map(plain, cells), *([plain(c.description)] if wide else []))
+    print_table(console, table)
     for problem in problems:
-        console.print(f"[red]invalid system[/red] {problem}", highlight=False)
+        console.print(plain("invalid system", "red"), plain(problem))
 
 
 @app.command("show")
@@ -79,25 +81,25 @@ def show_system(
         return
     if output_format != "table":
         raise FluxClusterError(f"--format {output_format!r}: expected table, yaml or json")
-    from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"system {resolved.config.name} (from {resolved.file})")
+    from flux_cluster.safe_text import plain
+
+    table = Table(title=plain(f"system {resolved.config.name} (from {resolved.file})"))
     table.add_column("key")
     table.add_column("value")
     table.add_column("source")
     for key, value, source in rows:
         style = "dim" if source == "default" else ""
-        table.add_row(key, json.dumps(value), source, style=style)
-    console = Console()
-    console.print(table)
+        table.add_row(plain(key), plain(json.dumps(value)), plain(source), style=style)
+    console = cli_console()
+    print_table(console, table)
     _print_image_status(console, resolved.config, name)
 
 
-def _print_image_status(console: "Console", config: "SystemConfig", name: str) -> None:
-    from rich.markup import escape
-
+def _print_image_status(out: "Console", config: "SystemConfig", name: str) -> None:
     from flux_cluster.image.status import image_status
+    from flux_cluster.safe_text import markup_escape as escape
 
     status = image_status(config.container)
     if status is None:
@@ -107,6 +109,6 @@ def _print_image_status(console: "Console", config: "SystemConfig", name: str) -
         False: "[red]image missing[/red]",
         None: "[yellow]image[/yellow]",
     }
-    console.print(f"{label[status.present]}: {escape(status.detail)}", highlight=False)
+    out.print(f"{label[status.present]}: {escape(status.detail)}", highlight=False)
     if status.present is False:
-        console.print(f"  build it: flux-cluster image build --system {escape(name)}", highlight=False)
+        out.print(f"  build it: flux-cluster image build --system {escape(name)}", highlight=False)

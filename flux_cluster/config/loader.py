@@ -7,6 +7,7 @@ schema default) so ``flux-cluster systems show`` can explain the resolved config
 import difflib
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,106 @@ _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _FREE_FORM = {"env"}  # mappings whose keys are user data, not schema fields
 
 
+MAX_YAML_BYTES = 4 * 2**20
+"""A config file is a few KB; this bounds what a read holds in memory."""
+MAX_YAML_DEPTH = 64
+"""Nesting levels, aliases followed (PyYAML composes recursively: deeper input is a RecursionError)."""
+MAX_YAML_VALUES = 100_000
+"""Nodes of a document, aliases expanded (a few hundred bytes of nested aliases expand to gigabytes)."""
+
+
+class YamlLimitError(yaml.MarkedYAMLError):
+    """Input that is valid YAML but hostile or ambiguous: too deep, too big once expanded, recursive,
+    or with a key given twice. Never read as plain text (as --set does with other YAML errors)."""
+
+
 class ConfigLoader(yaml.SafeLoader):
-    """YAML 1.1 reads '12:00:00' as the base-60 integer 43200; here such values stay strings (walltimes)."""
+    """PyYAML's safe loader, hardened: nesting depth, expanded size and recursive aliases are bounded and
+    duplicate keys refused, each as a YamlLimitError with its line.
+
+    YAML 1.1 reads '12:00:00' as the base-60 integer 43200; here such values stay strings (walltimes).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._composed = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        self._depth += 1
+        self._composed += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YamlLimitError(
+                    problem=f"nested more than {MAX_YAML_DEPTH} levels deep",
+                    problem_mark=self.peek_event().start_mark,
+                )
+            if self._composed > MAX_YAML_VALUES:
+                raise YamlLimitError(
+                    problem=f"more than {MAX_YAML_VALUES} values", problem_mark=self.peek_event().start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        _check_graph(node)
+        return node
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as exc:  # a number over Python's 4300-digit limit, a date that does not exist
+            problem = f"invalid value {_short(node.value)}: {str(exc).split(';')[0]}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
+def _check_graph(root: yaml.Node) -> None:
+    """Depth and size with aliases followed (memoised per node, so a bomb costs its own size), recursive
+    aliases, and duplicate keys (named with both lines)."""
+    height: dict[int, int] = {}  # levels at and below a node
+    size: dict[int, int] = {}  # values at and below a node, capped just above the limit
+    active: set[int] = set()
+
+    def fail(node: yaml.Node, key: str, problem: str) -> None:
+        raise YamlLimitError(problem=f"{key or '(top level)'}: {problem}", problem_mark=node.start_mark)
+
+    def visit(node: yaml.Node, depth: int, key: str) -> None:
+        if id(node) in active:
+            fail(node, key, "an alias refers to a value that contains it (a recursive structure)")
+        if depth + height.get(id(node), 1) - 1 > MAX_YAML_DEPTH:
+            fail(node, key, f"nested more than {MAX_YAML_DEPTH} levels deep once aliases are expanded")
+        if id(node) in height:
+            return
+        children: list[tuple[yaml.Node, str]] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = [(child, f"{key}.{i}".lstrip(".")) for i, child in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], yaml.Node] = {}
+            for key_node, value_node in node.value:
+                scalar = isinstance(key_node, yaml.ScalarNode)
+                name = f"{key}.{key_node.value}".lstrip(".") if scalar else key
+                if scalar and key_node.tag != "tag:yaml.org,2002:merge":
+                    seen = first.setdefault((key_node.tag, key_node.value), key_node)
+                    if seen is not key_node:
+                        fail(
+                            key_node,
+                            name,
+                            f"duplicate key (first at line {seen.start_mark.line + 1}); "
+                            "each key may appear once",
+                        )
+                children += [(key_node, name), (value_node, name)]
+        active.add(id(node))
+        for child, child_key in children:
+            visit(child, depth + 1, child_key)
+        active.discard(id(node))
+        height[id(node)] = 1 + max((height[id(c)] for c, _ in children), default=0)
+        size[id(node)] = min(1 + sum(size[id(c)] for c, _ in children), MAX_YAML_VALUES + 1)
+        if size[id(node)] > MAX_YAML_VALUES:
+            fail(node, key, f"more than {MAX_YAML_VALUES} values once aliases are expanded")
+
+    visit(root, 1, "")
 
 
 ConfigLoader.yaml_implicit_resolvers = {
@@ -39,14 +138,14 @@ ConfigLoader.yaml_implicit_resolvers = {
 }
 ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)\Z"),
     list("-+0123456789"),
 )
 ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
         r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
     ),
     list("-+0123456789."),
 )
@@ -86,12 +185,13 @@ def _display(path: Path) -> str:
 
 
 def _find_file(name: str, near: Path | None = None) -> Path:
-    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+    # Any entry counts (a FIFO or a folder too): reading it then says what is wrong with it.
+    if name.endswith((".yaml", ".yml")) and os.path.lexists(name):
         return Path(name)
     folders = ([near] if near else []) + search_dirs()
     for folder in folders:
         candidate = folder / f"{name}.yaml"
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return candidate
     known = ", ".join(known_systems())
     hint = difflib.get_close_matches(name, list(known_systems()), n=1)
@@ -99,18 +199,72 @@ def _find_file(name: str, near: Path | None = None) -> Path:
     raise FluxClusterError(f"unknown system {name!r}{did_you_mean}; known systems: {known}")
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+_FILE_KINDS = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"}
+
+
+def _read_text(path: Path) -> str:
+    """A regular file's UTF-8 text, at most MAX_YAML_BYTES; opening never blocks (a FIFO is refused)."""
+    where = _display(path)
     try:
-        data = yaml.load(path.read_text(), Loader=ConfigLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise FluxClusterError(f"{_display(path)}:{where}: {problem}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise FluxClusterError(f"{_display(path)}: cannot read: {exc.strerror}") from None
+        raise FluxClusterError(f"{where}: cannot read: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS.items() if test(mode)), "a device")
+            raise FluxClusterError(f"{where}: is {kind}, not a file; expected a YAML file")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_YAML_BYTES:
+                raise FluxClusterError(
+                    f"{where}: larger than {MAX_YAML_BYTES // 2**20} MiB; expected a config file of a few KB"
+                )
+    except OSError as exc:
+        raise FluxClusterError(f"{where}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise FluxClusterError(f"{_display(path)}: not UTF-8 text (byte {exc.start})") from None
+        raise FluxClusterError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """'line N: problem' of a YAML error, one line."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or "invalid YAML"
+    if isinstance(exc, RecursionError):
+        problem = "nested too deeply"
+    return f"{where}{problem}"
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document with the config loader (bounded depth and size, no duplicate keys); raises
+    YamlLimitError, other yaml.YAMLError or ValueError."""
+    return yaml.load(text, Loader=ConfigLoader)
+
+
+def load_yaml_safely(path: Path) -> Any:
+    """Read a YAML file a user or a run may have left in any state: a system config, a run's config.yaml.
+
+    Any problem is one FluxClusterError line naming the file (and the line and key where known): a FIFO,
+    folder or device instead of a file, a file over MAX_YAML_BYTES, text that is not UTF-8, invalid YAML,
+    nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_VALUES values once aliases are expanded (alias
+    bombs), recursive aliases, a key given twice. Memory stays bounded by the limits.
+    """
+    text = _read_text(Path(path))
+    try:
+        return parse_yaml(text)
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise FluxClusterError(f"{_display(Path(path))}: {_yaml_problem(exc)}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = load_yaml_safely(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -203,16 +357,47 @@ def _interpolate(leaves: dict[str, Any], sources: dict[str, str], environ: Mappi
             sources[key] = f"{sources[key]} (${{{'}, ${'.join(used)}}})"
 
 
-def _parse_override(text: str) -> tuple[str, Any]:
+def _parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
+    if not _is_text(text):  # an undecodable byte in argv arrives as a lone surrogate
+        raise FluxClusterError(f"{origin} {text!r}: not valid UTF-8 text; expected KEY=VALUE")
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise FluxClusterError(f"--set {text!r}: expected KEY=VALUE, e.g. --set nodes=4")
+        raise FluxClusterError(f"{origin} {text!r}: expected KEY=VALUE, e.g. --set nodes=4")
     try:
-        value = yaml.load(raw, Loader=ConfigLoader) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = parse_yaml(raw) if raw.strip() else ""
+    except YamlLimitError as exc:
+        raise FluxClusterError(f"{origin}: {key}: {exc.problem}") from None
+    except (yaml.YAMLError, ValueError):
+        value = raw  # not YAML (e.g. 'a: b'): the text itself
     return key, value
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_text(leaves: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Every key and string is encodable text (no lone surrogate from a YAML escape or an environment
+    variable), so nothing fails later while writing the run's config or script."""
+
+    def strings(value: Any) -> list[str]:
+        if isinstance(value, Mapping):
+            return [s for k, v in value.items() for s in (*strings(k), *strings(v))]
+        if isinstance(value, list):
+            return [s for item in value for s in strings(item)]
+        return [value] if isinstance(value, str) else []
+
+    for key, value in leaves.items():
+        bad = next((s for s in [key, *strings(value)] if not _is_text(s)), None)
+        if bad is not None:
+            raise FluxClusterError(
+                f"{sources[key]}: {ascii(key)[1:-1]}: {bad!a} is not valid UTF-8 text (a lone surrogate)"
+            )
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -246,12 +431,18 @@ def _value_at(tree: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
     return True, tree
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
+
+
 def _explain(
     error: Mapping[str, Any], tree: Mapping[str, Any], sources: Mapping[str, str], file: Path
 ) -> str:
-    loc = tuple(error["loc"])
-    key = ".".join(str(p) for p in loc) or "(top level)"
-    origin = _origin(key, sources, file)
+    is_key = "[key]" in error["loc"]  # pydantic's marker: the check failed on a mapping's key itself
+    loc = tuple(p for p in error["loc"] if p != "[key]")
+    origin = _origin(".".join(str(p) for p in loc), sources, file)
+    key = ".".join(_key_part(p) for p in loc) or "(top level)"
     if error["type"] == "extra_forbidden":
         model = _model_at(loc[:-1])
         options = list(model.model_fields) if model else []
@@ -265,10 +456,18 @@ def _explain(
             message = replacement + message[len(prefix) :]
     if error["type"] == "missing":
         return f"{origin}: {key}: required key is missing"
+    if is_key and error["type"] != "value_error":
+        return f"{origin}: {key}: this name {message}"
     found, value = _value_at(tree, loc)
     if found and error["type"] != "value_error":
-        return f"{origin}: {key}: got {value!r} ({type(value).__name__}), {message}"
+        return f"{origin}: {key}: got {_short(value)} ({type(value).__name__}), {message}"
     return f"{origin}: {key}: {message}"
+
+
+def _key_part(part: object) -> str:
+    """A key as written, quoted when it holds a line break or other whitespace (the error stays one line)."""
+    text = str(part)
+    return text if text.isprintable() and not any(c.isspace() for c in text) else ascii(text)
 
 
 def _parents(key: str) -> list[str]:
@@ -289,8 +488,9 @@ def load_system(
     _interpolate(leaves, sources, environ)
     for override in overrides:
         text, origin = (override, "--set") if isinstance(override, str) else override
-        key, value = _parse_override(text)
+        key, value = _parse_override(text, origin)
         _merge(leaves, sources, {key: value}, {key: origin})
+    _check_text(leaves, sources)
     leaves.setdefault("name", path.stem)
     sources.setdefault("name", _display(path))
     tree = _unflatten(leaves)

@@ -17,10 +17,13 @@ from pydantic import (
     model_validator,
 )
 
+from flux_cluster.config.reserved import env_name_problem
 from flux_cluster.config.training import TrainConfig
 from flux_cluster.image.names import REGISTRY, default_image, is_file_image
 from flux_cluster.mlperf_rules import Ruleset
 
+# Pydantic matches these patterns with Rust's regex, where '$' is the end of the text only (a trailing
+# newline fails); Python code matching a pattern uses re.fullmatch, since Python's '$' accepts one.
 # Characters shlex.quote leaves alone: safe inside an #SBATCH line without quoting.
 SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -28,18 +31,18 @@ UserEnvName = Annotated[EnvName, AfterValidator(lambda v: _check_env_name(v))]
 # A single path component for names that become file names (and #SBATCH values).
 PLAIN_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 PlainName = Annotated[str, StringConstraints(pattern=PLAIN_NAME_PATTERN)]
-_WALLTIME = re.compile(r"^(\d+|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}){0,2})$")
+_WALLTIME = re.compile(r"\d+|\d+:\d{2}:\d{2}|\d+-\d{1,2}(:\d{2}){0,2}", re.ASCII)  # ASCII digits only
 
 
 def _check_walltime(value: str) -> str:
     # 'MM:SS' is refused: '12:00' reads as twelve minutes to Slurm, rarely what was meant.
-    if not _WALLTIME.match(value):
+    if not _WALLTIME.fullmatch(value):
         raise ValueError("expected minutes, H:MM:SS or D-HH[:MM[:SS]], e.g. 90, 12:00:00 or 1-00:00:00")
     return value
 
 
 Walltime = Annotated[str, AfterValidator(_check_walltime)]
-MemSize = Annotated[str, StringConstraints(pattern=r"^\d+[KMGT]?$")]
+MemSize = Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMGT]?$")]
 # Directives the renderer owns: an extra_sbatch copy would silently break logs, arrays, signals or secrets.
 _OWNED_DIRECTIVES = {
     "--output",
@@ -57,21 +60,6 @@ _OWNED_DIRECTIVES = {
     "--dependency",
     "--kill-on-invalid-dep",
 }
-# Names the job scripts set or bash itself reads: a config must not override them through env.
-_RESERVED_ENV = {
-    "BASH_ENV",
-    "ENV",
-    "IFS",
-    "PS4",
-    "SHELLOPTS",
-    "BASHOPTS",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-}
 
 
 def _check_directive(value: str) -> str:
@@ -83,8 +71,10 @@ def _check_directive(value: str) -> str:
 
 
 def _check_env_name(value: str) -> str:
-    if value in _RESERVED_ENV or value.startswith(("SLURM_", "FLUX_")):
-        raise ValueError(f"{value} is set by the job script or read by bash; it cannot come from the config")
+    # Names the job scripts use (read from the templates) or bash reads: see flux_cluster/config/reserved.py.
+    problem = env_name_problem(value)
+    if problem:
+        raise ValueError(f"{problem}; it cannot come from the config")
     return value
 
 
@@ -135,7 +125,13 @@ class SlurmConfig(_Section):
     mem_per_cpu: MemSize | None = None
     """Memory per CPU core (sbatch --mem-per-cpu), an alternative to mem."""
     requeue: bool = True
-    """Let the job requeue itself after it checkpointed on the time-limit signal."""
+    """Let the job requeue itself after it checkpointed on the time-limit signal, and a training job after
+    a rank was killed by a signal (a node crash, the OOM killer): it resumes from its last checkpoint."""
+    max_requeues: int = Field(default=3, ge=0, le=1000)
+    """How often a training run may requeue itself after a rank was killed by a signal (counted per run in
+    its state/ folder); past it the job fails with one line saying so, so a fault that recurs at every
+    start cannot loop. Time-limit (SIGUSR1) requeues are not counted: each checkpointed progress. 0: never
+    after a crash."""
     signal_lead_s: int = Field(default=300, ge=10, le=65535)
     """Seconds before the time limit at which Slurm sends SIGUSR1 (sbatch --signal=USR1@lead)."""
     extra_sbatch: list[SbatchDirective] = []
@@ -172,7 +168,7 @@ class ContainerConfig(_Section):
     @field_validator("registry")
     @classmethod
     def _registry_form(cls, value: str | None) -> str | None:
-        if value is not None and not REGISTRY.match(value):
+        if value is not None and not REGISTRY.fullmatch(value):
             raise ValueError(
                 "expected a registry host with an optional path, e.g. 'registry.example.com/mlperf'"
             )

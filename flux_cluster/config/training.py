@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 CheckpointMode = Literal["full", "alternate", "single", "ops", "none"]
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
+Precision = Literal["bf16", "fp8"]
 ModelPresetName = Literal["flux-schnell", "small", "tiny"]
 TrainMode = Literal["pretrain", "finetune", "lora"]
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
@@ -63,6 +64,9 @@ class TrainConfig(BaseModel):
     """Steps between progress lines and TensorBoard scalars."""
     checkpoint_every_steps: int = Field(default=0, ge=0)
     """Steps between periodic checkpoints; 0 checkpoints only on SIGUSR1/SIGTERM (MLPerf runs do not stop)."""
+    checkpoint_every_minutes: float = Field(default=0, ge=0)
+    """Minutes of training between periodic checkpoints (rank 0's clock, agreed by all ranks), so a node
+    failure or SIGKILL costs at most this; 0: off. The GPU system bases set 30."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Complete checkpoints kept per repeat; older ones are deleted after a new one is committed."""
     checkpoint_dir: str | None = None
@@ -79,6 +83,11 @@ class TrainConfig(BaseModel):
     param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Dtype of the parameters in compute (FSDP's mixed precision); master weights and gradient reduction
     stay float32."""
+    precision: Precision = "bf16"
+    """Matmul precision of the transformer blocks: 'bf16' (param_dtype), or 'fp8': torchao float8 training of
+    every block's linear layers (dynamic per-tensor scales; e4m3 forward, e5m2 gradients), everything else in
+    bf16, as NVIDIA's and AMD's flux1 submissions train. Faster only on GPUs with FP8 matmuls (H100,
+    MI300 and newer); CPUs run the same code slowly. Needs param_dtype bfloat16; not with mode 'lora'."""
     dp_shard: int | None = Field(default=None, ge=1)
     """Ranks that shard one copy of the model; the copies replicate across the rest (HSDP). None: the GPUs
     of one node, so replicas span nodes; set it to the world size for plain FSDP."""
@@ -108,6 +117,11 @@ class TrainConfig(BaseModel):
     def _consistent(self) -> "TrainConfig":
         if self.mode != "pretrain" and not self.pretrained_path:
             raise ValueError(f"mode {self.mode!r} needs train.pretrained_path (a local diffusers checkpoint)")
+        if self.precision == "fp8" and (self.param_dtype != "bfloat16" or self.mode == "lora"):
+            raise ValueError(
+                f"precision 'fp8' needs param_dtype 'bfloat16' and mode 'pretrain' or 'finetune' "
+                f"(got param_dtype {self.param_dtype!r}, mode {self.mode!r})"
+            )
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"global_batch_size {self.global_batch_size} is not a multiple of "

@@ -187,7 +187,7 @@ def context_version(context: Path) -> str:
 
 def check_reference(option: str, value: str, registry: bool = False) -> str:
     pattern = REGISTRY if registry else IMAGE_REFERENCE
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         example = "registry.example.com/mlperf" if registry else "site/flux-cluster:test"
         raise FluxClusterError(
             f"{option} {value!r}: expected a name such as {example!r} (lowercase repository)"

@@ -46,7 +46,7 @@ def parse_lock(text: str, where: str = "lock") -> dict[str, str]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        match = _PIN.match(line)
+        match = _PIN.fullmatch(line)
         if not match:
             raise LockError(f"{where}:{number}: expected 'name==version', got {line!r}")
         name = normalize(match.group(1))
@@ -91,7 +91,7 @@ def resolve(root: Path, constraints: Path) -> dict[str, str]:
     pins = {}
     for item in resolution["install"]:
         name = normalize(item["metadata"]["name"])
-        if name != project and not KEPT_FROM_BASE.match(name):
+        if name != project and not KEPT_FROM_BASE.fullmatch(name):
             pins[name] = item["metadata"]["version"]
     return dict(sorted(pins.items()))
 

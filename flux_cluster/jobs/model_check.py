@@ -40,7 +40,8 @@ def data_dims(args: ModelArgs) -> Dims:
 def settings_text(plan: TrainingPlan) -> str:
     cfg = plan.train
     return (
-        f"{plan.train.model} block, mbs {cfg.micro_batch_size}, {cfg.param_dtype}, activation checkpointing "
+        f"{plan.train.model} block, mbs {cfg.micro_batch_size}, {cfg.param_dtype}"
+        f"{', fp8 linears' if cfg.precision == 'fp8' else ''}, activation checkpointing "
         f"{cfg.activation_checkpointing}, compile {'on' if cfg.compile else 'off'}, "
         f"attention {cfg.attention_backend}"
     )
@@ -111,6 +112,7 @@ def _train_steps(
         param_dtype=dtype,
         activation_checkpointing=cfg.activation_checkpointing,
         compile_blocks=cfg.compile,
+        precision=cfg.precision,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {"foreach": True})

@@ -10,6 +10,7 @@ In docker/podman containers 'exec' forwards no signals, so the batch shell recei
 registered their PID (DataLoader workers and other helpers are left alone).
 """
 
+import ctypes
 import os
 import signal
 import sys
@@ -45,6 +46,26 @@ class StopRequest:
         if pid_dir:
             write_atomic(Path(pid_dir) / f"{os.getpid()}.pid", f"{os.getpid()}\n")
         return self
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Have the kernel send signum to this process when its parent exits (Linux prctl PR_SET_PDEATHSIG),
+    so a killed launcher takes its children with it instead of leaving them running. Call it first
+    thing in the child (or in a Popen preexec_fn)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+        return  # not Linux, or refused: nothing more to do than before
+    if os.getppid() != parent or parent == 1:  # the parent was gone before the request took effect
+        os.kill(os.getpid(), signum)
+
+
+def under_torchrun() -> bool:
+    """torchrun's agent started this process (it starts ranks in their own sessions)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def finish_interrupted(rank: int, requeue: bool = True) -> int:

@@ -8,7 +8,7 @@ from flux_cluster.mlperf_rules import QUALITY_TARGET
 from flux_cluster.report.compliance import check_logs
 from flux_cluster.report.discover import DEFAULT_RULESET, find_groups
 from flux_cluster.report.harvest import RunResult, harvest_run
-from flux_cluster.report.scoring import GroupResult, score_group
+from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, score_group
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Options:
     """Quality target for logs that do not log target_accuracy (a log's own wins)."""
 
 
+NOT_APPLICABLE = "not applicable"
+"""A fine-tuning run's compliance: it is no MLPerf result, so it is never given to the checker."""
 MAX_CHECKED_LINE = 64 << 10
 """Longest line handed to the compliance checker (MLLOG lines are a few hundred bytes)."""
 
@@ -62,9 +64,14 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
                 run = RunResult(file=str(log), warnings=[f"unreadable: {exc.strerror or exc}"])
             runs[-1].append(run)
             tracker.advance(f"reading {log.name}")
+            if source.train_mode in FINE_TUNING_MODES:  # no MLPerf result: the rules do not apply
+                run.compliance = NOT_APPLICABLE
+                run.compliance_messages = [f"fine-tuning (train.mode {source.train_mode}): not checked"]
             if not options.check:
                 continue
-            if any(w == "empty file" or w.startswith("unreadable:") for w in run.warnings):
+            if run.compliance == NOT_APPLICABLE:
+                tracker.advance("checking compliance")
+            elif any(w == "empty file" or w.startswith("unreadable:") for w in run.warnings):
                 run.compliance, run.compliance_messages = "failed", list(run.warnings)
                 tracker.advance("checking compliance")
             elif run.longest_line > MAX_CHECKED_LINE:

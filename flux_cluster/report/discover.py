@@ -12,22 +12,26 @@ file holding ``:::MLLOG`` lines is one. Two layouts add facts to a group:
 """
 
 import json
-import math
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
+from flux_cluster.config.loader import ConfigLoader
+from flux_cluster.config.training import TrainMode
 from flux_cluster.mlperf_rules import RULESETS
-from flux_cluster.report.harvest import TOKEN
+from flux_cluster.report.harvest import TOKEN, finite_number, per_system
 
-RESULT_NAME = re.compile(r"result_.*\.txt$")
+RESULT_NAME = re.compile(r"result_.*\.txt")
 _SKIP_DIRS = {"checkpoints", "tensorboard", "interrupted", "__pycache__", "node_modules", "state"}
 _LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
 _SNIFF_BYTES = 8 << 20
+MAX_SIDE_FILE_BYTES = 1 << 20
+"""config.yaml, systems/*.json, scaling.json and a metrics line are a few KB; larger ones are not read."""
 DEFAULT_RULESET = "5.1.0"
 """For logs with no run config and no 'vX.Y' in their path: the first round with flux1."""
 
@@ -48,6 +52,8 @@ class GroupSource:
     scaling_factor: float = 1.0
     run_dir: bool = False
     """A flux-cluster run directory (its model need not be the benchmark's flux-schnell)."""
+    train_mode: str | None = None
+    """A run directory's train.mode: 'pretrain' (the benchmark), or 'finetune'/'lora' (no MLPerf result)."""
     flops_per_sample: dict[Path, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -87,12 +93,12 @@ def _walk(root: Path) -> list[tuple[Path, list[Path]]]:
         if (here / "config.yaml").is_file() and (here / "results").is_dir():
             dirs[:] = []  # a run directory: only its results/result_*.txt
             results = here / "results"
-            logs = [results / n for n in os.listdir(results) if RESULT_NAME.match(n)]
+            logs = [results / n for n in os.listdir(results) if RESULT_NAME.fullmatch(n)]
             if logs:
                 found.append((results, [p for p in logs if p.is_file()]))
             continue
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-        named = [here / n for n in sorted(names) if RESULT_NAME.match(n) and (here / n).is_file()]
+        named = [here / n for n in sorted(names) if RESULT_NAME.fullmatch(n) and (here / n).is_file()]
         logs = named or [here / n for n in sorted(names) if _is_result_log(here / n)]
         if logs:
             found.append((here, logs))
@@ -123,7 +129,7 @@ def _describe(group: GroupSource) -> None:
     if scaling.is_file():
         document = _read_json(scaling, group)
         factor = document.get("scaling_factor") if isinstance(document, dict) else None
-        if isinstance(factor, int | float) and not isinstance(factor, bool) and math.isfinite(factor):
+        if finite_number(factor):
             group.scaling_factor = float(factor)  # applied as the summarizer does, whatever its value
         elif document is not None:
             group.warnings.append(f"{scaling}: no numeric scaling_factor; ignored")
@@ -135,30 +141,38 @@ def _describe(group: GroupSource) -> None:
 
 def _from_run_config(group: GroupSource, run_dir: Path) -> None:
     group.run_dir = True
+    path = run_dir / "config.yaml"
     try:
-        document = yaml.safe_load((run_dir / "config.yaml").read_text())
-        system = document["system"]
-        group.system = str(system["name"])
-        group.accelerators = _positive(system["nodes"], int) * _positive(system["gpus_per_node"], int)
-        group.accelerator_model = str(system.get("gpu_model") or "") or None
-        group.price_per_gpu_hour = _positive(system.get("price_per_gpu_hour"), float, strict=False)
-        group.peak_tflops = _positive(system.get("peak_bf16_tflops"), float, strict=False)
-        mlperf = system.get("mlperf") or {}
-        ruleset = str(mlperf.get("ruleset") or "") or None
-        if ruleset is not None and ruleset not in RULESETS:
-            group.warnings.append(
-                f"{run_dir / 'config.yaml'}: mlperf.ruleset {ruleset!r} is not one of {RULESETS}"
-            )
-            ruleset = None
-        group.ruleset = ruleset
-        group.submitter = str(mlperf.get("submission_org") or "") or None
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        group.warnings.append(f"{run_dir / 'config.yaml'}: unreadable run config ({type(exc).__name__})")
+        # the config loader bounds what aliases expand to (a few bytes of them can make gigabytes)
+        document = yaml.load(_read_small(path), Loader=ConfigLoader)
+    except (OSError, ValueError, yaml.YAMLError, RecursionError) as exc:
+        group.warnings.append(f"{path}: unreadable run config ({_reason(exc)})")
         return
+    system = document.get("system") if isinstance(document, dict) else None
+    if not isinstance(system, dict) or not isinstance(system.get("name"), str):
+        group.warnings.append(f"{path}: system.name: missing, expected a flux-cluster run config")
+        return
+    group.system = system["name"]
+    counts = [per_system(f"system.{k}", system.get(k)) for k in ("nodes", "gpus_per_node")]
+    group.warnings += [f"{path}: {problem}" for _, problem in counts if problem]
+    if counts[0][0] and counts[1][0]:
+        group.accelerators = counts[0][0] * counts[1][0]
+    group.accelerator_model = _str_or_none(system.get("gpu_model"))
+    group.price_per_gpu_hour = _positive(system.get("price_per_gpu_hour"))
+    group.peak_tflops = _positive(system.get("peak_bf16_tflops"))
+    mlperf = system.get("mlperf") if isinstance(system.get("mlperf"), dict) else {}
+    ruleset = mlperf.get("ruleset") or None
+    if ruleset is not None and ruleset not in RULESETS:
+        group.warnings.append(f"{path}: mlperf.ruleset {reprlib.repr(ruleset)} is not one of {RULESETS}")
+        ruleset = None
+    group.ruleset = ruleset
+    group.submitter = _str_or_none(mlperf.get("submission_org"))
+    mode = (system.get("train") if isinstance(system.get("train"), dict) else {}).get("mode")
+    group.train_mode = mode if mode in get_args(TrainMode) else None
     for log in group.files:
         index = log.stem.removeprefix("result_")
         flops = _first_record(group.path / f"metrics_{index}.jsonl").get("flops_per_sample")
-        if _positive(flops, float, strict=False):
+        if _positive(flops):
             group.flops_per_sample[log] = float(flops)
 
 
@@ -176,40 +190,57 @@ def _from_submission_tree(group: GroupSource) -> None:
         return
     group.submitter = _str_or_none(document.get("submitter"))
     group.accelerator_model = _str_or_none(document.get("accelerator_model_name"))
-    try:
-        nodes, per_node = (
-            _positive(float(document[k]), int) for k in ("number_of_nodes", "accelerators_per_node")
-        )
-        group.accelerators = nodes * per_node
-    except (KeyError, TypeError, ValueError, OverflowError):
-        group.warnings.append(f"{description}: no number_of_nodes x accelerators_per_node")
+    counts = [per_system(k, document.get(k)) for k in ("number_of_nodes", "accelerators_per_node")]
+    group.warnings += [f"{description}: {problem}" for _, problem in counts if problem]
+    if counts[0][0] and counts[1][0]:
+        group.accelerators = counts[0][0] * counts[1][0]
+
+
+class _TooLarge(ValueError):
+    pass
+
+
+def _read_small(path: Path, line: bool = False) -> str:
+    """A side file's text (or its first line), refused past MAX_SIDE_FILE_BYTES; never a FIFO's."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not a file")
+    with path.open("rb") as handle:
+        data = handle.readline(MAX_SIDE_FILE_BYTES + 1) if line else handle.read(MAX_SIDE_FILE_BYTES + 1)
+    if len(data) > MAX_SIDE_FILE_BYTES:
+        raise _TooLarge(f"over {MAX_SIDE_FILE_BYTES >> 20} MiB")
+    return data.decode("utf-8", errors="replace")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, _TooLarge):
+        return str(exc)
+    problem = getattr(exc, "problem", None)  # a YAML error's own words, without the file's text
+    return f"{type(exc).__name__}: {problem}" if isinstance(problem, str) else type(exc).__name__
 
 
 def _read_json(path: Path, group: GroupSource) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError) as exc:
-        group.warnings.append(f"{path}: not readable JSON ({type(exc).__name__})")
+        return json.loads(_read_small(path))
+    except (OSError, ValueError, RecursionError) as exc:
+        group.warnings.append(f"{path}: not readable JSON ({_reason(exc)})")
         return None
 
 
 def _first_record(path: Path) -> dict[str, Any]:
     try:
-        with path.open() as handle:
-            record = json.loads(handle.readline())
-    except (OSError, ValueError):
+        record = json.loads(_read_small(path, line=True))
+    except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 
 
-def _positive(value: Any, kind: type, strict: bool = True) -> Any:
-    """value as kind if it is a finite number > 0; else ValueError, or None when not strict."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return kind(value)
-    if strict:
-        raise ValueError(f"not a positive number: {value!r}")
-    return None
+def _positive(value: Any) -> float | None:
+    """value as a float if it is a finite number > 0, else None."""
+    return float(value) if finite_number(value) and value > 0 else None
 
 
 def _str_or_none(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
+    """A text field: a string, or a number written as one; anything else (a list, say) is not one."""
+    if isinstance(value, str):
+        return value or None
+    return str(value) if finite_number(value) else None

@@ -1,6 +1,7 @@
 """The report as a terminal table, JSON, CSV or Markdown. One list of columns serves all of them."""
 
 import csv
+import html
 import io
 import json
 import math
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flux_cluster.report.scoring import GroupResult
+from flux_cluster.safe_text import plain, printable
 
 SCHEMA_VERSION = 1
 
@@ -111,23 +113,42 @@ def render_csv(groups: list[GroupResult]) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for group in groups:
-        writer.writerow({name: getattr(group, name) for name in CSV_FIELDS})
+        writer.writerow({name: _csv_cell(getattr(group, name)) for name in CSV_FIELDS})
     return out.getvalue()
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula gets a leading quote (OWASP CSV injection)."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+# Markdown renders inline HTML, links and emphasis; these characters become entities so a cell or line
+# shows as text and a pipe cannot split a table cell. Control characters are spelled out (printable).
+_MD_ENTITIES = str.maketrans({c: f"&#{ord(c)};" for c in "\\`|[]*"})
+
+
+def _md(text: Any) -> str:
+    return html.escape(printable(str(text))).translate(_MD_ENTITIES)
 
 
 def _md_table(columns: list[Column], rows: list[Any]) -> list[str]:
     lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(c.text(row).replace("|", "\\|") for c in columns) + " |")
+        lines.append("| " + " | ".join(_md(c.text(row)) for c in columns) + " |")
     return lines
 
 
 def render_markdown(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> str:
     lines = ["# flux-cluster report", "", *_md_table(GROUP_COLUMNS, groups)]
     for group in groups:
-        lines += ["", f"## {_name(group)} ({group.benchmark})", "", f"`{group.path}`", ""]
+        lines += ["", f"## {_md(_name(group))} ({_md(group.benchmark)})", "", f"path: {_md(group.path)}", ""]
         lines += _md_table(RUN_COLUMNS, group.runs)
-        lines += [f"- warning: {w}" for w in all_warnings(group)]
+        lines += [f"- warning: {_md(w)}" for w in all_warnings(group)]
     if comparison is not None:
         lines += ["", *comparison_markdown(comparison)]
     return "\n".join(lines) + "\n"
@@ -153,8 +174,8 @@ def _batch_line(group: GroupResult) -> str:
 
 
 def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None:
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     group_columns = [c for c in GROUP_COLUMNS if c.terminal]
     run_columns = [c for c in RUN_COLUMNS if c.terminal]
@@ -163,26 +184,26 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
     for column in group_columns:
         summary.add_column(column.header, justify="left" if column.header == "system" else "right")
     for group in groups:
-        summary.add_row(*(escape(c.text(group)) for c in group_columns))
+        summary.add_row(*(plain(c.text(group)) for c in group_columns))
     for group in groups:
-        title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}\n{_batch_line(group)}"
-        runs = Table(title=escape(title), title_justify="left")
+        title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}"
+        runs = Table(title=Text.assemble(plain(title), "\n", _batch_line(group)), title_justify="left")
         for column in run_columns:
             runs.add_column(column.header, justify="left" if column.header in ("run", "status") else "right")
         for run in group.runs:
-            runs.add_row(*(escape(c.text(run)) for c in run_columns), style=None if run.scored else "dim")
+            runs.add_row(*(plain(c.text(run)) for c in run_columns), style=None if run.scored else "dim")
         console.print(runs)
         for warning in all_warnings(group):
-            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+            console.print(Text.assemble(("warning:", "yellow"), " ", plain(warning)), soft_wrap=True)
     console.print(summary)
 
 
 def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
-    lines = [f"# Comparison: A = {comparison['a']}, B = {comparison['b']}"]
+    lines = [f"# Comparison: A = {_md(comparison['a'])}, B = {_md(comparison['b'])}"]
     for pair in comparison["pairs"]:
         lines += [
             "",
-            f"## {pair['a_name']} vs {pair['b_name']}",
+            f"## {_md(pair['a_name'])} vs {_md(pair['b_name'])}",
             "",
             "| metric | A | B | B/A |",
             "|---|---|---|---|",
@@ -190,7 +211,7 @@ def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
         for m in pair["metrics"]:
             cells = (m["name"], format_number(m["a"]), format_number(m["b"]), format_ratio(m["ratio"]))
             lines.append("| " + " | ".join(cells) + " |")
-    lines += [f"- unmatched: {u}" for u in comparison["unmatched"]]
+    lines += [f"- unmatched: {_md(u)}" for u in comparison["unmatched"]]
     return lines
 
 
@@ -209,12 +230,12 @@ def format_ratio(value: float | None) -> str:
 
 
 def print_comparison(comparison: dict[str, Any], console: Any) -> None:
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     for pair in comparison["pairs"]:
-        title = f"A: {pair['a_name']} {pair['a_path']}\nB: {pair['b_name']} {pair['b_path']}"
-        table = Table(title=escape(title), title_justify="left")
+        a, b = (plain(f"{pair[f'{x}_name']} {pair[f'{x}_path']}") for x in "ab")
+        table = Table(title=Text.assemble("A: ", a, "\nB: ", b), title_justify="left")
         for header in ("metric", "A", "B", "B/A"):
             table.add_column(header, justify="left" if header == "metric" else "right")
         for metric in pair["metrics"]:
@@ -226,4 +247,4 @@ def print_comparison(comparison: dict[str, Any], console: Any) -> None:
             )
         console.print(table)
     for unmatched in comparison["unmatched"]:
-        console.print(f"[yellow]unmatched:[/] {escape(unmatched)}", highlight=False)
+        console.print(Text.assemble(("unmatched:", "yellow"), " ", plain(unmatched)))

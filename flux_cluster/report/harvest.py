@@ -10,12 +10,14 @@ The run time follows MLPerf's ``result_summarizer`` to the letter: the last ``ru
 the first ``run_stop``, and (run_stop - run_start) ms / 60,000.
 """
 
+import contextlib
 import json
 import math
+import reprlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,13 @@ from flux_cluster.mlperf_rules import QUALITY_TARGET
 
 TOKEN = b":::MLLOG "
 KEY_MARK = b'"key": "'
+CHUNK_BYTES = 64 << 10
+MAX_LINE_BYTES = 256 << 10
+"""Longer lines (MLLOG lines are a few hundred bytes) are measured and skipped, never held whole."""
+MAX_COUNT = 2**53
+"""Counts (samples, nodes) above this are not exact as floats: no real log has them."""
+MAX_PER_SYSTEM = 1_000_000
+"""Upper bound for number_of_nodes and accelerators_per_node (far above any machine)."""
 
 _POINT_KEYS = frozenset(
     {
@@ -128,6 +137,7 @@ class _Scan:
     rcp_status: str | None = None
     rcp_samples: Any = None
     longest_line: int = 0
+    long_lines: int = 0
     mllog_lines: int = 0
     malformed: int = 0
     non_utf8: int = 0
@@ -146,7 +156,7 @@ class _Scan:
             self.last_eval_samples = metadata.get("samples_count")
             if samples is None:
                 self.evals_without_samples += 1
-            elif _finite(value) and samples not in self.evals:
+            elif finite_number(value) and samples not in self.evals:
                 self.evals[samples] = float(value)
         elif key == "block_start":
             self.blocks.start(time_ms, samples)
@@ -160,15 +170,37 @@ class _Scan:
             self.points.setdefault(key, value)
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def finite_number(value: Any) -> bool:
+    """A JSON/YAML number usable as a float: not bool, not NaN or infinite, no int past float range."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= 1 << 1023  # math.isfinite would raise OverflowError beyond
+    return isinstance(value, float) and math.isfinite(value)
 
 
-def _count(value: Any) -> int | None:
-    """A samples_count: a whole, non-negative number (262144.0 counts as 262144)."""
-    if not _finite(value) or value < 0 or value != int(value):
+def whole_number(value: Any, low: int = 0, high: int = MAX_COUNT) -> int | None:
+    """value as an int if it is a whole number from low to high (262144.0 counts as 262144), else None."""
+    if not finite_number(value) or not low <= value <= high or value != int(value):
         return None
     return int(value)
+
+
+def per_system(key: str, value: Any) -> tuple[int | None, str | None]:
+    """A number_of_nodes or accelerators_per_node (a submission's systems JSON writes "4"): (the count,
+    None), or (None, the problem in one line naming the key, the value and what was expected)."""
+    number = value
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    count = whole_number(number, 1, MAX_PER_SYSTEM)
+    if count is not None:
+        return count, None
+    got = "missing" if value is None else f"got {reprlib.repr(value)}"
+    return None, f"{key}: {got}, expected a whole number from 1 to {MAX_PER_SYSTEM:,}"
+
+
+_count = whole_number  # a samples_count
 
 
 def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
@@ -187,24 +219,49 @@ def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
             raise ValueError
         event["time_ms"] = time_ms
         return event
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # 1e400 ms, [[[[...
         scan.malformed += 1
         return None
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    """Lines as the official parser's text mode sees them: a lone \r ends a line too."""
+def _lines(path: Path) -> Iterator[bytes | int]:
+    """The non-empty lines as the official parser's text mode sees them (LF, CRLF and a lone CR each end
+    one), read CHUNK_BYTES at a time. A line over MAX_LINE_BYTES (a crash's NUL fill, say) comes as its
+    length only: memory stays bounded whatever the file holds."""
+    head: list[bytes] = []  # the start of the line not yet ended, while it is short enough to keep
+    held = 0  # its length (kept or not)
+
+    def ended(tail: bytes) -> bytes | int:
+        nonlocal head, held
+        length, line = held + len(tail), b"".join([*head, tail])
+        head, held = [], 0
+        return line if length <= MAX_LINE_BYTES else length
+
     with path.open("rb") as handle:
-        for line in handle:
-            if b"\r" in line:
-                yield from line.split(b"\r")
-            else:
+        while chunk := handle.read(CHUNK_BYTES):
+            parts = chunk.splitlines()  # bytes split at LF, CRLF and CR only, as text mode does
+            tail = b"" if chunk[-1] in b"\r\n" else parts.pop()
+            if not parts:  # no line end in this chunk: the line goes on
+                held += len(tail)
+                head = [*head, tail] if held <= MAX_LINE_BYTES else []
+                continue
+            line = ended(parts[0])
+            if line:
                 yield line
+            yield from filter(None, islice(parts, 1, None))  # whole lines, each < CHUNK_BYTES
+            head, held = [tail], len(tail)
+    line = ended(b"")
+    if line:
+        yield line
 
 
 def scan_file(path: Path) -> _Scan:
     scan = _Scan()
     for line in _lines(path):
+        if isinstance(line, int):  # too long to hold: never an MLLOG line we read
+            scan.long_lines += 1
+            scan.longest_line = max(scan.longest_line, line)
+            continue
         if len(line) > scan.longest_line:
             scan.longest_line = len(line)
         at = line.rfind(TOKEN)  # the official parser keeps what follows the last token
@@ -250,7 +307,9 @@ def _block_samples(blocks: list[tuple[float, int | None]]) -> list[int] | None:
 
 
 def _number(value: Any, kind: type) -> Any:
-    return kind(value) if _finite(value) else None
+    if not finite_number(value) or (kind is int and abs(value) > MAX_COUNT):
+        return None
+    return kind(value)
 
 
 def harvest_run(path: Path, default_target: float = QUALITY_TARGET, name: str | None = None) -> RunResult:
@@ -272,6 +331,11 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
         warn(f"{scan.malformed} malformed :::MLLOG line(s) skipped")
     if scan.non_utf8:
         warn(f"{scan.non_utf8} non-UTF-8 line(s)")
+    if scan.long_lines:
+        warn(
+            f"{scan.long_lines} line(s) over {MAX_LINE_BYTES >> 10} KiB skipped "
+            f"(the longest {scan.longest_line:,} bytes)"
+        )
     duplicated = sorted(k for k in _EXACTLY_ONE if scan.counts[k] > 1)
     if duplicated:
         warn(
@@ -283,7 +347,7 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
 
     result.longest_line = scan.longest_line
     if scan.rcp_status == "success" and scan.rcp_samples is not None:
-        result.rcp_samples = scan.rcp_samples if _finite(scan.rcp_samples) else math.inf
+        result.rcp_samples = scan.rcp_samples if finite_number(scan.rcp_samples) else math.inf
     result.benchmark = _text(points.get("submission_benchmark"))
     result.submitter = _text(points.get("submission_org"))
     result.platform = _text(points.get("submission_platform"))
@@ -293,9 +357,10 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
     result.seed = _number(points.get("seed"), int)
     target = _number(points.get("target_accuracy"), float)
     result.target = target if target is not None else default_target
-    nodes, per_node = (_number(points.get(k), int) for k in ("number_of_nodes", "accelerators_per_node"))
-    if nodes and per_node and nodes > 0 and per_node > 0:
-        result.accelerators_from_log = nodes * per_node
+    counts = [per_system(k, points[k]) for k in ("number_of_nodes", "accelerators_per_node") if k in points]
+    result.warnings += [problem for _, problem in counts if problem]
+    if len(counts) == 2 and counts[0][0] and counts[1][0]:
+        result.accelerators_from_log = counts[0][0] * counts[1][0]
 
     if scan.run_start is None:
         warn("no run_start")

@@ -1,9 +1,87 @@
-"""The report as one self-contained HTML page: tables, warnings and inline SVG plots, no scripts."""
+"""The report as one self-contained HTML page: tables, warnings and inline SVG plots, no scripts.
 
+The page leads with the answers, one card per group (time to train, cost, samples/s per accelerator,
+MFU, each with how it was obtained), then the summary table, the plots and every run. It fits a
+1,400 px window without sideways scrolling.
+"""
+
+from dataclasses import dataclass
 from typing import Any
 
 from flux_cluster.report import formats, plots
 from flux_cluster.report.scoring import GroupResult
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer: what it is, its value ('-' when unknown) and how it was obtained (or why not)."""
+
+    label: str
+    value: str
+    how: str
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    anchor: str
+    about: str
+    answers: list[Answer]
+    warnings: int
+
+
+def _time(group: GroupResult) -> Answer:
+    if group.olympic_minutes is not None:
+        how = f"olympic score of {group.scored_runs}/{group.run_count} runs, as MLPerf's result_summarizer"
+        return Answer("Time to train", f"{group.olympic_minutes:,.2f} min", how)
+    measured = [r.minutes for r in group.runs if r.minutes is not None]
+    if not measured:
+        return Answer("Time to train", "-", "no run has both run_start and run_stop")
+    why = "fine-tuning has no olympic score" if group.fine_tuning else "no olympic score (see its warnings)"
+    mean = sum(measured) / len(measured)
+    return Answer("Run time (measured)", f"{mean:,.2f} min", f"mean of {len(measured)} run(s); {why}")
+
+
+def _cost(group: GroupResult) -> Answer:
+    if group.gpu_hours is None:
+        why = "accelerator count unknown" if not group.accelerators else "no run time"
+        return Answer("Cost per run", "-", why)
+    at = "the olympic time" if group.minutes_basis == "olympic" else "the mean measured time"
+    if group.cost_usd is None or group.price_per_gpu_hour is None:
+        how = f"{group.gpu_hours:,.2f} GPU-h at {at}; no price (--price or the system's price_per_gpu_hour)"
+        return Answer("Cost per run", "-", how)
+    how = f"{group.gpu_hours:,.2f} GPU-h x ${group.price_per_gpu_hour:,.2f}, at {at}"
+    if group.run_count > 1 and group.total_cost_usd is not None:
+        how += f"; all timed runs: ${group.total_cost_usd:,.2f}"
+    return Answer("Cost per run", f"${group.cost_usd:,.2f}", how)
+
+
+def _throughput(group: GroupResult) -> Answer:
+    label = "Samples/s per accelerator"
+    if group.throughput_per_accelerator is None or group.throughput_samples_per_s is None:
+        return Answer(label, "-", plots.no_throughput(group))
+    how = f"{group.throughput_samples_per_s:,.1f} samples/s on {group.accelerators}, evaluations excluded"
+    return Answer(label, f"{group.throughput_per_accelerator:,.2f}", how)
+
+
+def _mfu(group: GroupResult) -> Answer:
+    if group.mfu is None:
+        return Answer("MFU", "-", "needs the model FLOPs per sample and the bf16 peak (--peak-tflops)")
+    return Answer("MFU", f"{group.mfu:.1%}", "model FLOP/s per accelerator / its bf16 peak")
+
+
+def cards(groups: list[GroupResult]) -> list[Card]:
+    out = []
+    for index, (group, name) in enumerate(zip(groups, plots.names(groups), strict=True)):
+        about = [group.benchmark or "unknown benchmark"]
+        if group.fine_tuning:
+            about.append(f"fine-tuning ({group.train_mode}): no MLPerf result")
+        if group.accelerators:
+            about.append(f"{group.accelerators} x {group.accelerator_model or 'accelerator'}")
+        warnings = len(formats.all_warnings(group))
+        answers = [_time(group), _cost(group), _throughput(group), _mfu(group)]
+        out.append(Card(name, f"group-{index}", ", ".join(about), answers, warnings))
+    return out
 
 
 def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, Any] | None = None) -> str:
@@ -18,6 +96,7 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
     )
     return environment.get_template("report.html.j2").render(
         groups=groups,
+        cards=cards(groups),
         run_count=sum(g.run_count for g in groups),
         version=__version__,
         checked=checked,

@@ -1,22 +1,65 @@
-"""The report's plots as inline SVG (matplotlib, no pyplot state): readable offline, no scripts."""
+"""The report's plots as inline SVG (matplotlib, no pyplot state): readable offline, no scripts.
+
+Every plot says on itself which groups it leaves out and why, so a missing bar is never mistaken for a
+small one. Evaluation curves of very different lengths (a 9M-sample MLPerf run, a 6k-sample local one)
+go to separate panels, each with its own sample axis.
+"""
 
 import functools
 import io
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flux_cluster.report.scoring import GroupResult
+from flux_cluster.report.scoring import MAX_DROPPED, GroupResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 _STYLE = {"svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9, "axes.grid": True}
+SCALE_RATIO = 10
+"""Curves whose lengths (samples) differ by more than this share no panel: the shorter would be a dot."""
+_NOTE_COLOR = "#8a5300"  # the page's warning colour
 
 
-def _label(group: GroupResult) -> str:
-    return _plain(f"{group.system or Path(group.path).name} ({group.accelerators or '?'})")
+@dataclass(frozen=True)
+class Plot:
+    title: str
+    svg: str
+    wide: bool = False
+    """Spans the page's width (several panels)."""
+
+
+def names(groups: list[GroupResult], sep: str = " ") -> list[str]:
+    """One label per group: 'system (accelerators)' and the fine-tuning mode; where groups still read
+    the same, the part of their paths that differs ('runs/pre/...' vs 'runs/lora/...': 'pre', 'lora')."""
+    labels = []
+    for group in groups:
+        mode = f", {group.train_mode}" if group.fine_tuning else ""
+        labels.append(f"{group.system or Path(group.path).name} ({group.accelerators or '?'}{mode})")
+    for label in set(labels):
+        same = [i for i, other in enumerate(labels) if other == label]
+        if len(same) < 2:
+            continue
+        parts = [Path(groups[i].path).parts for i in same]
+        head, tail = _shared(parts), _shared([p[::-1] for p in parts])
+        for i, path in zip(same, parts, strict=True):
+            middle = path[head : max(head, len(path) - tail)]
+            labels[i] = f"{label}{sep}{'/'.join(middle) or Path(groups[i].path).name}"
+    return labels
+
+
+def _shared(sequences: list[tuple[str, ...]]) -> int:
+    """How many leading items all the sequences share."""
+    count = 0
+    for column in zip(*sequences, strict=False):
+        if len(set(column)) > 1:
+            break
+        count += 1
+    return count
 
 
 def _plain(text: str) -> str:
@@ -41,7 +84,8 @@ def _svg(figure: "Figure") -> str:
     from matplotlib.backends.backend_svg import FigureCanvasSVG
 
     buffer = io.StringIO()
-    matplotlib.rcParams["svg.hashsalt"] = figure.axes[0].get_title()  # unique ids per inline SVG
+    title = figure.get_suptitle() or figure.axes[0].get_title()
+    matplotlib.rcParams["svg.hashsalt"] = title  # unique ids per inline SVG
     FigureCanvasSVG(figure).print_svg(buffer, metadata={"Date": None})
     text = buffer.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog: the SVG goes inline in HTML
@@ -60,112 +104,193 @@ def _no_data(axes: "Axes", what: str) -> None:
     axes.text(0.5, 0.5, f"no {what} in these logs", ha="center", va="center", transform=axes.transAxes)
 
 
-@_styled
-def eval_loss(groups: list[GroupResult]) -> "Figure":
-    import matplotlib
+def _left_out(axes: "Axes", left_out: list[str], label: str = "") -> None:
+    """Name the groups a plot does not show, under its x axis (where the layout keeps room for it)."""
+    lines = [label] if label else []
+    lines += [f"not shown: {_plain(item)}" for item in left_out]
+    if not lines:
+        return
+    axes.set_xlabel("\n".join(lines), loc="left" if left_out else "center")
+    if left_out:
+        axes.xaxis.label.set_color(_NOTE_COLOR)
 
-    figure, axes = _figure("Validation loss vs samples, every run", height=4.5)
-    colors = matplotlib.colormaps["tab10"]
-    targets = set()
-    for i, group in enumerate(groups):
-        for j, run in enumerate(group.runs):
-            if not run.eval_curve:
-                continue
-            samples, losses = zip(*run.eval_curve, strict=True)
-            axes.plot(
-                samples, losses, color=colors(i % 10), alpha=0.75, linewidth=1,
-                marker="." if len(samples) < 40 else None, label=_label(group) if j == 0 else None,
-            )  # fmt: skip
-            targets.add(run.target)
-    for target in sorted(targets):
-        axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
-    if targets:
-        axes.set_xlabel("samples")
-        axes.set_ylabel("eval loss")
-        axes.legend(fontsize=8)
-    else:
-        _no_data(axes, "evaluations")
-    return figure
+
+def _why_no_score(group: GroupResult) -> str:
+    if group.fine_tuning:
+        return "fine-tuning, no olympic score"
+    why = "too many failed" if group.run_count - group.scored_runs > MAX_DROPPED else "too few"
+    return f"no olympic score ({group.scored_runs}/{group.run_count} runs scored: {why})"
+
+
+def _panels(groups: list[GroupResult]) -> list[list[int]]:
+    """Indices of the groups with evaluations, in panels of similar curve length (samples)."""
+    lengths = {
+        i: max(s for run in g.runs for s, _ in run.eval_curve)
+        for i, g in enumerate(groups)
+        if any(run.eval_curve for run in g.runs)
+    }
+    panels: list[list[int]] = []
+    smallest = 0
+    for i in sorted(lengths, key=lambda i: lengths[i]):
+        if not panels or lengths[i] > SCALE_RATIO * max(smallest, 1):
+            panels.append([])
+            smallest = lengths[i]
+        panels[-1].append(i)
+    return panels
+
+
+def eval_loss(groups: list[GroupResult]) -> Plot:
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
+
+    title = "Validation loss vs samples, every run"
+    panels = _panels(groups)
+    labels = names(groups)
+    columns = min(len(panels), 2) or 1
+    rows = max(1, math.ceil(len(panels) / columns))
+    with matplotlib.rc_context(_STYLE):
+        figure = Figure(figsize=(7.5 * columns, 4.5 * rows), layout="constrained")
+        if not panels:
+            axes = figure.add_subplot()
+            axes.set_title(title)
+            _no_data(axes, "evaluations")
+            return Plot(title, _svg(figure))
+        if len(panels) > 1:
+            figure.suptitle(f"{title} (one panel per scale: each has its own sample axis)")
+        colors = matplotlib.colormaps["tab10"]
+        for number, panel in enumerate(panels, start=1):
+            axes = figure.add_subplot(rows, columns, number)
+            targets = set()
+            for i in panel:
+                for j, run in enumerate(r for r in groups[i].runs if r.eval_curve):
+                    samples, losses = zip(*run.eval_curve, strict=True)
+                    axes.plot(
+                        samples, losses, color=colors(i % 10), alpha=0.75, linewidth=1,
+                        marker="." if len(samples) < 40 else None,
+                        label=_plain(labels[i]) if j == 0 else None,
+                    )  # fmt: skip
+                    targets.add(run.target)
+            for target in sorted(targets):
+                axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
+            axes.xaxis.set_major_formatter(EngFormatter(sep=""))
+            axes.set_xlabel("samples")
+            axes.set_ylabel("eval loss")
+            axes.legend(fontsize=8)
+            if len(panels) == 1:
+                axes.set_title(title)
+        without = [labels[i] for i, g in enumerate(groups) if not any(r.eval_curve for r in g.runs)]
+        _left_out(axes, [f"{name}: no evaluations" for name in without], "samples")
+        return Plot(title, _svg(figure), wide=len(panels) > 1)
 
 
 def _bars(
-    groups: list[GroupResult], title: str, ylabel: str, value: str, per_run: str
-) -> tuple["Figure", "Axes"]:
+    groups: list[GroupResult],
+    title: str,
+    ylabel: str,
+    value: str,
+    per_run: str,
+    why: Callable[[GroupResult], str],
+    bar_labels: Callable[[GroupResult], str],
+) -> "Figure":
+    """Bars of a group value (labelled with bar_labels, as a short bar is hard to read), dots for the
+    scored runs, and the groups without the value named under the axis with why."""
     figure, axes = _figure(title)
+    labels = dict(zip(map(id, groups), names(groups, "\n"), strict=True))
     shown = [g for g in groups if getattr(g, value) is not None]
+    left_out = [g for g in groups if getattr(g, value) is None]
+    _left_out(axes, [f"{labels[id(g)]}: {why(g)}".replace("\n", " ") for g in left_out])
     if not shown:
         _no_data(axes, ylabel)
-        return figure, axes
+        return figure
     positions = range(len(shown))
     axes.bar(positions, [getattr(g, value) for g in shown], color="#4c72b0", alpha=0.8)
     for x, group in zip(positions, shown, strict=True):
         points = [getattr(r, per_run) for r in group.runs if r.scored and getattr(r, per_run) is not None]
         axes.scatter([x] * len(points), points, color="black", s=8, zorder=3)
-    axes.set_xticks(list(positions), [_label(g) for g in shown], rotation=20, ha="right")
+        top = max([getattr(group, value), *points])  # over the dots too, where they reach higher
+        axes.annotate(
+            _plain(bar_labels(group)), (x, top), xytext=(0, 4), textcoords="offset points",
+            ha="center", va="bottom", fontsize=8,
+        )  # fmt: skip
+    axes.set_xticks(list(positions), [_plain(labels[id(g)]) for g in shown], rotation=20, ha="right")
     axes.set_ylabel(ylabel)
-    return figure, axes
+    axes.margins(y=0.2)  # room for the label over the tallest bar
+    return figure
+
+
+def no_throughput(group: GroupResult) -> str:
+    if group.throughput_samples_per_s is None:
+        return "no throughput in its logs"
+    return "accelerator count unknown"
 
 
 @_styled
 def throughput(groups: list[GroupResult]) -> "Figure":
-    figure, _ = _bars(
+    return _bars(
         groups, "Training throughput per accelerator (bars: mean; dots: scored runs)",
         "samples/s per accelerator", "throughput_per_accelerator", "throughput_per_accelerator",
+        no_throughput, lambda g: f"{g.throughput_per_accelerator:,.2f}",
     )  # fmt: skip
-    return figure
+
+
+def _time_and_cost(group: GroupResult) -> str:
+    note = f"{group.olympic_minutes:,.1f} min"
+    if group.gpu_hours is not None:
+        note += f"\n{group.gpu_hours:,.1f} GPU-h"
+    if group.cost_usd is not None:
+        note += f", ${group.cost_usd:,.0f}"
+    return note
 
 
 @_styled
 def time_to_train(groups: list[GroupResult]) -> "Figure":
-    figure, axes = _bars(
-        groups, "Time to train (bars: olympic score; dots: scored runs) and cost",
-        "minutes", "olympic_minutes", "minutes",
+    return _bars(
+        groups, "Time to train (bars: olympic score; dots: scored runs) and cost per run",
+        "minutes", "olympic_minutes", "minutes", _why_no_score, _time_and_cost,
     )  # fmt: skip
-    shown = [g for g in groups if g.olympic_minutes is not None]
-    for x, group in enumerate(shown):
-        note = f"{group.gpu_hours:,.1f} GPU-h" if group.gpu_hours is not None else ""
-        if group.cost_usd is not None:
-            note += f"\n${group.cost_usd:,.0f}"
-        axes.annotate(
-            note,
-            (x, (group.olympic_minutes or 0) / 2),
-            ha="center",
-            va="center",
-            color="white",
-            fontsize=9,
-        )
-    return figure
 
 
 @_styled
 def scaling(groups: list[GroupResult]) -> "Figure":
     figure, axes = _figure("Scaling: accelerators vs time to train")
-    shown = [g for g in groups if g.accelerators and g.olympic_minutes is not None]
-    if not shown:
+    labels = names(groups)
+    points: dict[tuple[int, float], list[str]] = {}  # groups with the same point share one label
+    left_out = []
+    for group, label in zip(groups, labels, strict=True):
+        if group.accelerators and group.olympic_minutes is not None:
+            points.setdefault((group.accelerators, group.olympic_minutes), []).append(label)
+        else:
+            left_out.append(
+                f"{label}: {_why_no_score(group) if group.accelerators else 'accelerator count unknown'}"
+            )
+    _left_out(axes, left_out, "accelerators")
+    if not points:
         _no_data(axes, "groups with both an accelerator count and a score")
         return figure
-    xs = [g.accelerators for g in shown]
-    ys = [g.olympic_minutes for g in shown]
-    axes.scatter(xs, ys, color="#c44e52", zorder=3)
-    for group, x, y in zip(shown, xs, ys, strict=True):
+    xs = [x for x, _ in points]
+    axes.scatter(xs, [y for _, y in points], color="#c44e52", zorder=3)
+    for (x, y), texts in points.items():
+        last = x == max(xs) and len(set(xs)) > 1  # the rightmost point's label goes to its left
         axes.annotate(
-            _plain(group.system or Path(group.path).name),
-            (x, y),
-            textcoords="offset points",
-            xytext=(4, 4),
-            fontsize=8,
-        )
+            _plain("\n".join(texts)), (x, y), textcoords="offset points", xytext=(-6 if last else 6, 0),
+            ha="right" if last else "left", va="center", fontsize=8,
+        )  # fmt: skip
+    if len(set(xs)) < 2:
+        axes.text(
+            0.5, 0.92, "scaling needs scores at two or more accelerator counts; these logs have one",
+            ha="center", va="top", transform=axes.transAxes, color=_NOTE_COLOR,
+        )  # fmt: skip
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
-    axes.set_xlabel("accelerators")
     axes.set_ylabel("olympic minutes")
     return figure
 
 
-def all_plots(groups: list[GroupResult]) -> dict[str, str]:
-    return {
-        "Validation loss": eval_loss(groups),
-        "Throughput": throughput(groups),
-        "Time to train and cost": time_to_train(groups),
-        "Scaling": scaling(groups),
-    }
+def all_plots(groups: list[GroupResult]) -> list[Plot]:
+    return [
+        eval_loss(groups),
+        Plot("Throughput", throughput(groups)),
+        Plot("Time to train and cost", time_to_train(groups)),
+        Plot("Scaling", scaling(groups)),
+    ]

@@ -7,6 +7,11 @@ unless a failed run already took its place; the rest are averaged, then multipli
 ``scaling.json`` factor. No countable score left (too few runs) gives no score. Samples to converge
 follow its RCP checker: per run the converged samples (unconverged counts as infinite), more than one
 unconverged gives none, else the mean without the lowest and highest, given at least 3 runs.
+
+Fine-tuning runs (a run directory whose train.mode is 'lora' or 'finetune') are no MLPerf result: never
+checked, never scored. GPU-hours and cost come from the olympic score when there is one, else from the
+measured run times (run_stop - run_start), so every group with a run time, accelerators and a price
+has a cost.
 """
 
 import math
@@ -22,6 +27,8 @@ MAX_DROPPED = 1
 """Failed runs flux1's olympic score tolerates (result_summarizer: 4 for unet3d, 1 otherwise)."""
 REQUIRED_RUNS = 10
 """Result files a flux1 submission needs (mlperf_logging.benchmark_meta)."""
+FINE_TUNING_MODES = ("finetune", "lora")
+"""train.mode values that make a run no MLPerf result (its log says division open)."""
 FLUX_SCHNELL_FLOPS_PER_SAMPLE = training_flops_per_sample(FLUX_SCHNELL)
 """Model FLOPs per flux1 training sample (20.4 TFLOP: 256 image + 256 text tokens)."""
 
@@ -53,7 +60,19 @@ class GroupResult:
     throughput_samples_per_s: float | None = None
     throughput_per_accelerator: float | None = None
     mfu: float | None = None
+    train_mode: str | None = None
+    """'pretrain', 'finetune' or 'lora' for a flux-cluster run directory; None for other logs."""
+    minutes_basis: str | None = None
+    """What gpu_hours and cost_usd are for: 'olympic' (one run at the olympic score) or 'measured' (one
+    run at the mean measured run time, for groups without an olympic score)."""
+    total_gpu_hours: float | None = None
+    """Every run with a measured time, together."""
+    total_cost_usd: float | None = None
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def fine_tuning(self) -> bool:
+        return self.train_mode in FINE_TUNING_MODES
 
     def to_json(self) -> dict[str, Any]:
         document = {k: v for k, v in self.__dict__.items() if k != "runs"}
@@ -103,6 +122,7 @@ def score_group(
         run_count=len(runs),
         scaling_factor=source.scaling_factor,
         price_per_gpu_hour=price if price is not None else source.price_per_gpu_hour,
+        train_mode=source.train_mode,
         warnings=list(source.warnings),
     )
     peak = peak_tflops if peak_tflops is not None else source.peak_tflops
@@ -112,18 +132,27 @@ def score_group(
         if flops is None and not source.run_dir and run.benchmark == "flux1":
             flops = FLUX_SCHNELL_FLOPS_PER_SAMPLE
         _per_accelerator(run, flops, peak)
-        if checked:
+        if group.fine_tuning:
+            run.scored = False
+        elif checked:
             run.scored = run.compliance == "passed" and run.minutes is not None
         else:
             run.scored = run.status == "success" and run.minutes is not None
 
     scores = [run.minutes for run in runs if run.scored and run.minutes is not None]
+    measured = [run.minutes for run in runs if run.minutes is not None]
     dropped = len(runs) - len(scores)
-    if scores:
-        group.mean_minutes = statistics.fmean(scores)
-        group.min_minutes, group.max_minutes = min(scores), max(scores)
+    timed = measured if group.fine_tuning else scores  # no run of a fine-tuning group is scored
+    if timed:
+        group.mean_minutes = statistics.fmean(timed)
+        group.min_minutes, group.max_minutes = min(timed), max(timed)
     group.scored_runs = len(scores)
-    if dropped > MAX_DROPPED:
+    if group.fine_tuning:
+        group.warnings.append(
+            f"fine-tuning (train.mode {group.train_mode}): no MLPerf result, so not checked and not scored; "
+            "GPU-hours and cost from the measured run times"
+        )
+    elif dropped > MAX_DROPPED:
         group.warnings.append(f"{dropped} runs failed: more than {MAX_DROPPED} allowed, so no olympic score")
     else:
         average = olympic_average(scores, dropped)
@@ -131,24 +160,33 @@ def score_group(
             group.warnings.append(f"{len(scores)} scored run(s): too few for an olympic score")
         else:
             group.olympic_minutes = average * group.scaling_factor
-    if group.benchmark == "flux1" and len(runs) < REQUIRED_RUNS:
+    if group.benchmark == "flux1" and len(runs) < REQUIRED_RUNS and not group.fine_tuning:
         group.warnings.append(f"{len(runs)} of the {REQUIRED_RUNS} runs a flux1 submission needs")
     if len({r.global_batch_size for r in runs if r.global_batch_size}) > 1:
         group.warnings.append("runs use different global batch sizes")
     group.samples_to_converge = olympic_samples(runs)
 
-    if group.olympic_minutes is not None and accelerators:
-        group.gpu_hours = group.olympic_minutes * accelerators / 60
+    per_run = group.olympic_minutes
+    if per_run is not None:
+        group.minutes_basis = "olympic"
+    elif measured:
+        group.minutes_basis, per_run = "measured", statistics.fmean(measured)
+    if accelerators and per_run is not None:
+        group.gpu_hours = per_run * accelerators / 60
+        group.total_gpu_hours = sum(measured) * accelerators / 60
         if group.price_per_gpu_hour is not None:
             group.cost_usd = group.gpu_hours * group.price_per_gpu_hour
+            group.total_cost_usd = group.total_gpu_hours * group.price_per_gpu_hour
     elif not accelerators:
         group.warnings.append("accelerator count unknown: no GPU-hours, cost or per-accelerator figures")
-    measured = [r for r in runs if r.throughput_samples_per_s]
-    if measured:
-        group.throughput_samples_per_s = statistics.fmean(r.throughput_samples_per_s or 0 for r in measured)
+    with_throughput = [r for r in runs if r.throughput_samples_per_s]
+    if with_throughput:
+        group.throughput_samples_per_s = statistics.fmean(
+            r.throughput_samples_per_s or 0 for r in with_throughput
+        )
         if accelerators:
             group.throughput_per_accelerator = group.throughput_samples_per_s / accelerators
-        mfus = [r.mfu for r in measured if r.mfu is not None]
+        mfus = [r.mfu for r in with_throughput if r.mfu is not None]
         group.mfu = statistics.fmean(mfus) if mfus else None
     return group
 

@@ -15,20 +15,23 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from mlperf_logging.mllog import constants as c
+from torch.distributed.tensor import DTensor
 
 from data_prep.loader import train_loader, val_loader
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.errors import FluxClusterError
 from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
-from flux_cluster.jobs.signals import StopRequest, finish_interrupted
+from flux_cluster.jobs.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
+from flux_cluster.rundir import lock_repeat
 from flux_cluster.training.attention import attention_backend, probe_backend
-from flux_cluster.training.checkpoint import Checkpointer
+from flux_cluster.training.checkpoint import Checkpointer, CheckpointError
 from flux_cluster.training.flops import training_flops_per_sample
 from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.model import (
@@ -88,6 +91,8 @@ class Progress:
 def train(ctx: JobContext) -> int:
     """Run one repeat on this rank; returns the process exit code. The attention kernel choice holds for
     the whole run: forward, backward and activation recomputation."""
+    if under_torchrun():  # torchrun starts ranks in their own sessions: killing its group would miss them
+        die_with_parent()
     info = init_distributed(ctx.system.dist_backend)
     with attention_backend(ctx.plan.train.attention_backend, info.device):
         return _train(ctx, info)
@@ -95,14 +100,17 @@ def train(ctx: JobContext) -> int:
 
 def _train(ctx: JobContext, info: DistInfo) -> int:
     cfg, plan = ctx.plan.train, ctx.plan
-    # Before the loader forks workers, so they inherit the handlers; only SIGUSR1 asks for a requeue.
+    # Only SIGUSR1 asks for a requeue. (The loader's workers ignore these signals: data_prep.loader.)
     stop = StopRequest(on_sigterm=True).install()
     rank0 = info.rank == 0
+    lock = _lock_repeat(ctx, info)  # held until this process exits
     checkpoints = Checkpointer(
         ctx.checkpoint_dir, cfg.keep_checkpoints, info.rank, info.world_size, frozen_base=cfg.mode == "lora"
     )
-    resume_from = checkpoints.latest()
-    if rank0 and resume_from is not None:
+    resume_from, skipped = checkpoints.choose()
+    for line in skipped:
+        _say(rank0, line)
+    if rank0:  # a restart, with or without a checkpoint, starts a new result log
         _set_aside_interrupted_log(ctx.result_log)
     mllog = MlperfLog(ctx.result_log, enabled=rank0, echo=False)
     mllog.header(_run_facts(ctx), ctx.system.mlperf.ruleset, ctx.cache_cleared)
@@ -122,6 +130,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         param_dtype=dtype,
         activation_checkpointing=cfg.activation_checkpointing,
         compile_blocks=cfg.compile,
+        precision=cfg.precision,
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -151,7 +160,10 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
 
     progress = Progress(evals=[])
     if resume_from is not None:
-        shared, mine = checkpoints.load(resume_from, model, optimizer)
+        try:
+            shared, mine = checkpoints.load(resume_from, model, optimizer)
+        except CheckpointError as exc:
+            raise SystemExit(f"error: {exc}") from None
         scheduler.load_state_dict(shared["scheduler"])
         progress = Progress(
             shared["step"], shared["samples"], [tuple(e) for e in shared["evals"]], shared["attempt"] + 1
@@ -198,6 +210,8 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
 
     # ---- train, in blocks of eval_every_steps, evaluating after each
     batches = iter(loader)
+    stop_poll = _StopPoll(stop, cfg.checkpoint_every_minutes * 60 if rank0 else 0)
+    saved_period = 0
     model.train()
     status = None
     block_samples = plan.eval_every_steps * cfg.global_batch_size
@@ -223,19 +237,28 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
                 status = "success"
         if status is None and progress.samples >= plan.max_samples:
             status = "aborted"
-        if status is None and _any_rank(stop.requested, info):
-            requeue = _any_rank(stop.requeue, info)
+        agreed = stop_poll.poll() if status is None else _Agreed(False, False, 0)
+        if agreed.requested:
+            meter.flush()
+            stop_poll.close()
             _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
             mllog.run_stop(success=False, samples=progress.samples)
             mllog.close()
             _say(
                 rank0, f"stopped by a signal at step {progress.step}: checkpointed to {checkpoints.latest()}"
             )
-            return finish_interrupted(info.rank, requeue=requeue)
-        if status is None and cfg.checkpoint_every_steps and progress.step % cfg.checkpoint_every_steps == 0:
+            return finish_interrupted(info.rank, requeue=agreed.requeue)
+        every_steps = cfg.checkpoint_every_steps
+        if status is None and (
+            (every_steps and progress.step % every_steps == 0) or agreed.period > saved_period
+        ):
+            saved_period = agreed.period
             _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
 
     # ---- finish
+    meter.flush()
+    stop_poll.close()
+    del lock
     mllog.run_stop(success=status == "success", samples=progress.samples)
     mllog.close()
     if cfg.mode != "pretrain":
@@ -269,7 +292,8 @@ def _train_step(
         batch = next(batches)
         data_wait += time.perf_counter() - waited
         model.set_requires_gradient_sync(micro == accumulate - 1)  # type: ignore[operator]
-        mean, logvar = batch.mean.to(info.device), batch.logvar.to(info.device)
+        mean = batch.mean.to(info.device, non_blocking=True)
+        logvar = batch.logvar.to(info.device, non_blocking=True)
         eps = torch.randn(mean.shape, generator=generator, device=info.device)
         noise = torch.randn(mean.shape, generator=generator, device=info.device)
         t = torch.rand(mean.shape[0], generator=generator, device=info.device)
@@ -278,8 +302,8 @@ def _train_step(
             model,
             x_t,
             t,
-            batch.t5.to(info.device),
-            batch.clip.to(info.device),
+            batch.t5.to(info.device, non_blocking=True),
+            batch.clip.to(info.device, non_blocking=True),
             dtype,
             ctx.plan.train.guidance_scale,
         )
@@ -377,8 +401,24 @@ def _commit(partial: Path, final: Path) -> None:
     partial.rename(final)
 
 
+def _lock_repeat(ctx: JobContext, info: DistInfo) -> IO[str] | None:
+    """Rank 0 locks this repeat of the run, so an attempt whose ranks outlived their launcher and a new
+    one never write it at once; all ranks stop (one line, exit 1) when another attempt holds it."""
+    lock, refused = None, None
+    if info.rank == 0:
+        try:
+            lock = lock_repeat(ctx.run_dir, ctx.exp_index)
+        except FluxClusterError as exc:
+            refused = str(exc)
+    verdict = [refused]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise SystemExit(f"error: {verdict[0]}" if info.rank == 0 else 1)
+    return lock
+
+
 def _set_aside_interrupted_log(result_log: Path) -> None:
-    """A resumed repeat starts a new result log; the interrupted one (run_stop 'aborted') moves aside."""
+    """Every attempt starts a new result log (one run_start each); an earlier attempt's log moves aside."""
     if not result_log.exists():
         return
     folder = result_log.parent / "interrupted"
@@ -388,8 +428,20 @@ def _set_aside_interrupted_log(result_log: Path) -> None:
 
 
 def _run_facts(ctx: JobContext) -> RunFacts:
+    from flux_cluster.mlperf_rules import closed_division_deviations
+    from flux_cluster.training.workload import load_workload
+
     cfg, system = ctx.plan.train, ctx.system
     precision = "bfloat16" if cfg.param_dtype == "bfloat16" else "fp32"
+    train_samples = _split_size(ctx.data_dir, "train") or ctx.plan.mlperf.train_samples
+    eval_samples = _split_size(ctx.data_dir, "val") or ctx.plan.mlperf.eval_samples
+    deviations = closed_division_deviations(
+        cfg.model_dump(),
+        ctx.plan.mlperf.model_dump(),
+        load_workload(cfg.benchmark)[0].batch_presets.keys(),
+        train_samples,
+        eval_samples,
+    )
     return RunFacts(
         submission_org=system.mlperf.submission_org,
         submission_platform=system.name,
@@ -397,15 +449,17 @@ def _run_facts(ctx: JobContext) -> RunFacts:
         micro_batch_size=cfg.micro_batch_size,
         learning_rate=ctx.plan.learning_rate,
         warmup_steps=ctx.plan.warmup_steps,
-        train_samples=_split_size(ctx.data_dir, "train") or ctx.plan.mlperf.train_samples,
-        eval_samples=_split_size(ctx.data_dir, "val") or ctx.plan.mlperf.eval_samples,
+        train_samples=train_samples,
+        eval_samples=eval_samples,
         config_filename=ctx.config_filename,
         division="closed" if cfg.mode == "pretrain" else "open",
         gradient_accumulation_steps=ctx.plan.grad_accum_steps,
-        precision_linear=precision,
+        precision_linear="fp8" if cfg.precision == "fp8" else precision,
         precision_attn=precision,
         precision_comm=precision,
         seed=ctx.seed,
+        eval_every_steps=ctx.plan.eval_every_steps,
+        deviations=tuple(deviations),
     )
 
 
@@ -431,10 +485,45 @@ def _token_counts(ctx: JobContext, args: ModelArgs) -> tuple[int, int]:
     return (height // 2) * (width // 2), batch.t5.shape[1]
 
 
-def _any_rank(flag: bool, info: DistInfo) -> bool:
-    value = torch.tensor([int(flag)], device=info.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+class _Agreed(NamedTuple):
+    requested: bool
+    """A stop was asked on some rank (a signal)."""
+    requeue: bool
+    """SIGUSR1 asked for it: the job script requeues the job."""
+    period: int
+    """Whole train.checkpoint_every_minutes periods since training started, by rank 0's clock."""
+
+
+class _StopPoll:
+    """Whether any rank was signalled, and whether a timed checkpoint is due, agreed by all ranks without
+    syncing the GPU: the flags go through a host-side gloo group, and each poll reads the all-reduce the
+    previous poll started (one step late), so the CPU keeps queueing GPU work ahead instead of waiting
+    for it every step. Only rank 0's clock counts (every_s 0 elsewhere): ranks' clocks differ, and a
+    checkpoint is collective."""
+
+    def __init__(self, stop: StopRequest, every_s: float) -> None:
+        self.stop = stop
+        self.every_s = every_s
+        self.start = time.monotonic()
+        self.group = dist.new_group(backend="gloo")
+        self.flags = torch.zeros(3, dtype=torch.int64)
+        self.pending: Any = None
+
+    def poll(self) -> _Agreed:
+        """What any rank asked for, as of the previous poll."""
+        agreed = _Agreed(False, False, 0)
+        if self.pending is not None:
+            self.pending.wait()
+            agreed = _Agreed(bool(self.flags[0]), bool(self.flags[1]), int(self.flags[2]))
+        period = int((time.monotonic() - self.start) // self.every_s) if self.every_s else 0
+        self.flags = torch.tensor([int(self.stop.requested), int(self.stop.requeue), period])
+        self.pending = dist.all_reduce(self.flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return agreed
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending.wait()
+        dist.destroy_process_group(self.group)
 
 
 def _say(enabled: bool, message: str) -> None:
@@ -466,6 +555,8 @@ class _Meter:
         self.window_steps = 0
         self.window_data_wait = 0.0
         self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
+        self.pending: list[tuple[int, int, torch.Tensor, torch.Tensor, float, float]] = []
+        self.last_grad_norm = math.nan
         if info.rank == 0:
             ctx.metrics_file.parent.mkdir(parents=True, exist_ok=True)
         # First record of each attempt: what 'flux-cluster report' needs for MFU.
@@ -496,18 +587,16 @@ class _Meter:
         self.window_steps += 1
         self.window_loss += loss.double()
         self.window_data_wait += data_wait
-        self._write(
-            {
-                "step": progress.step,
-                "samples": progress.samples,
-                "loss": loss.item(),
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                "data_wait_s": data_wait,
-            }
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()  # may be Partial; at most a collective, no host sync
+        # Kept on the device until the next progress line: reading them now would wait for the GPU.
+        self.pending.append(
+            (progress.step, progress.samples, loss.detach(), grad_norm.detach(), lr, data_wait)
         )
         if progress.step % self.ctx.plan.train.log_every_steps:
             return
+        self.flush()
+        grad_norm = self.last_grad_norm
         mean_loss = self.window_loss.clone()
         dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / self.window_steps / self.info.world_size
@@ -538,14 +627,35 @@ class _Meter:
                 ("train/mfu_measured_peak", mfu_measured),
                 ("train/data_wait_ms", data_wait_ms),
                 ("train/lr", lr),
-                ("train/grad_norm", float(grad_norm)),
+                ("train/grad_norm", grad_norm),
                 ("train/peak_memory_gb", memory),
             ):
                 tb.add_scalar(name, value, progress.samples)
         self.window_start, self.window_steps, self.window_data_wait = time.perf_counter(), 0, 0.0
         self.window_loss.zero_()
 
+    def flush(self) -> None:
+        """Write the per-step records kept since the last flush (one device sync for all of them)."""
+        if not self.pending:
+            return
+        losses = torch.stack([p[2] for p in self.pending]).tolist()
+        norms = torch.stack([p[3].float() for p in self.pending]).tolist()
+        self.last_grad_norm = norms[-1]
+        for (step, samples, _, _, lr, data_wait), loss, norm in zip(self.pending, losses, norms, strict=True):
+            self._write(
+                {
+                    "step": step,
+                    "samples": samples,
+                    "loss": loss,
+                    "grad_norm": norm,
+                    "lr": lr,
+                    "data_wait_s": data_wait,
+                }
+            )
+        self.pending.clear()
+
     def record_eval(self, progress: Progress, loss: float, tb: Any) -> None:
+        self.flush()
         self._write({"step": progress.step, "samples": progress.samples, "eval_loss": loss})
         if self.info.rank == 0:
             print(

@@ -1,12 +1,13 @@
 """MLPerf result logs for flux1, written through mlperf_logging.mllog on rank 0 only.
 
 The keys and values are those the closed flux1 rulesets 5.1.0, 6.0.0 and 6.1.0 check: the submission
-header, the hyperparameters (with evaluation_frequency as each ruleset defines it), 6.1.0's precision,
-parallelism and config disclosure, and the init/run/block/eval timeline with samples_count.
+header, the hyperparameters (evaluation_frequency: the samples really trained between evals), 6.1.0's
+precision, parallelism and config disclosure, and the init/run/block/eval timeline with samples_count.
+Every log also says whether the run's settings conform to the closed division, and if not why
+(flux_cluster.mlperf_rules.CONFORMANCE_KEY).
 """
 
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,25 +16,32 @@ from typing import Any, Literal
 from mlperf_logging.mllog import constants as c
 from mlperf_logging.mllog.mllog import MLLogger
 
-from flux_cluster.mlperf_rules import Ruleset
+from flux_cluster.mlperf_rules import (
+    CONFORMANCE_KEY,
+    EVAL_INTERVAL_SAMPLES,
+    Deviation,
+    Ruleset,
+    conformance_event,
+    eval_interval_steps,
+)
 
-EVAL_INTERVAL_SAMPLES = 262_144
-"""MLPerf evaluates flux1 every 262,144 samples, rounded up to whole steps."""
 ADAMW = {"beta_1": 0.9, "beta_2": 0.95, "epsilon": 1e-08, "weight_decay": 0.1}
 """The only AdamW settings closed flux1 allows."""
 GRADIENT_CLIP_NORM = 1.0
 Precision = Literal["fp32", "tf32", "fp16", "bfloat16", "fp8"]
 
 
-def eval_interval_steps(global_batch_size: int) -> int:
-    return math.ceil(EVAL_INTERVAL_SAMPLES / global_batch_size)
-
-
-def evaluation_frequency(ruleset: Ruleset, global_batch_size: int) -> int:
-    """5.1.0 logs the nominal 262,144; 6.x the samples actually between evals (whole steps)."""
-    if ruleset == "5.1.0":
+def evaluation_frequency(
+    ruleset: Ruleset, global_batch_size: int, eval_every_steps: int | None = None
+) -> int:
+    """The samples between evals (whole steps; None: the closed division's ceil(262144 / GBS) steps).
+    5.1.0 defines the value of a closed-division interval as the nominal 262,144; any other interval is
+    logged as it is, so the checker sees what happened."""
+    closed = eval_interval_steps(global_batch_size)
+    steps = closed if eval_every_steps is None else eval_every_steps
+    if ruleset == "5.1.0" and steps == closed:
         return EVAL_INTERVAL_SAMPLES
-    return eval_interval_steps(global_batch_size) * global_batch_size
+    return steps * global_batch_size
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,10 @@ class RunFacts:
     precision_comm: Precision = "bfloat16"
     """FSDP all-gathers bf16 parameters; gradients are reduced in fp32."""
     seed: int | None = None
+    eval_every_steps: int | None = None
+    """Steps between evals; None: the closed division's."""
+    deviations: tuple[Deviation, ...] = ()
+    """How the settings break the closed-division rules (flux_cluster.mlperf_rules)."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1 or self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
@@ -75,7 +87,8 @@ def header_events(facts: RunFacts, ruleset: Ruleset) -> Iterator[tuple[str, Any]
         yield c.SEED, facts.seed
     yield c.GLOBAL_BATCH_SIZE, facts.global_batch_size
     yield c.GRADIENT_ACCUMULATION_STEPS, facts.gradient_accumulation_steps
-    yield "evaluation_frequency", evaluation_frequency(ruleset, facts.global_batch_size)  # no constant for it
+    frequency = evaluation_frequency(ruleset, facts.global_batch_size, facts.eval_every_steps)
+    yield "evaluation_frequency", frequency  # no constant for it
     yield c.OPT_NAME, "adamw"
     yield c.OPT_ADAMW_BETA_1, ADAMW["beta_1"]
     yield c.OPT_ADAMW_BETA_2, ADAMW["beta_2"]
@@ -137,6 +150,11 @@ class MlperfLog:
         self.start(c.INIT_START)
         for key, value in header_events(facts, ruleset):
             self.event(key, value=value)
+        value, metadata = conformance_event(list(facts.deviations))
+        self.event(CONFORMANCE_KEY, value=value, metadata=metadata)
+        if facts.deviations and self.enabled:  # said once, in the job output too
+            reasons = "; ".join(d.reason for d in facts.deviations)
+            print(f"[train] NON-CONFORMING: not an MLPerf closed-division result: {reasons}", flush=True)
 
     def eval_accuracy(self, loss: float, samples: int) -> None:
         self.event(c.EVAL_ACCURACY, value=loss, metadata={"samples_count": samples})

@@ -9,6 +9,7 @@
 #SBATCH --partition=debug
 #SBATCH --cpus-per-task=1
 #SBATCH --mem-per-cpu=1000
+#SBATCH --export=ALL
 #SBATCH --no-requeue
 #SBATCH --array=0-1
 #SBATCH --dependency=afterok:1000
@@ -21,53 +22,50 @@
 # shellcheck disable=SC2317  # not every job calls every helper function below
 set -euo pipefail
 # ---- run settings (rendered by flux-cluster; every value is shell-quoted)
-RUN_DIR=/runs/data-convert/20260101-000000-local_slurm
-CONFIG=/runs/data-convert/20260101-000000-local_slurm/config.yaml
-RESULTS_DIR=/runs/data-convert/20260101-000000-local_slurm/results
-NEXP=2
-SEED_BASE=0
-export FLUX_RUN_DIR="$RUN_DIR"
+# As run.sub names them: NEXP=2, SEED_BASE=0.
+_fc_run_dir=/runs/data-convert/20260101-000000-local_slurm
+_fc_config=/runs/data-convert/20260101-000000-local_slurm/config.yaml
+_fc_results_dir=/runs/data-convert/20260101-000000-local_slurm/results
+export FLUX_RUN_DIR="$_fc_run_dir"
+
+log() { printf '[flux-cluster %s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
 
 # ---- environment for every rank (system config: env)
 export OMP_NUM_THREADS=1
 
-log() { printf '[flux-cluster %s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
-
-# Secrets are passed by name from the submitting environment; their values are never written here.
-SECRET_NAMES=()
-for secret_name in "${SECRET_NAMES[@]}"; do
-    [[ -n "${!secret_name:-}" ]] || log "note: secret ${secret_name} is not set in the environment"
-done
-
-mkdir -p "$RESULTS_DIR" "$RUN_DIR/state"
+mkdir -p "$_fc_results_dir" "$_fc_run_dir/state"
 
 # Per-repeat settings: each repeat has its own seed and MLPerf log.
 begin_experiment() {
-    export FLUX_EXP_INDEX="$1"
-    export FLUX_SEED=$((SEED_BASE + FLUX_EXP_INDEX))
-    export FLUX_RESULT_LOG="$RESULTS_DIR/result_${FLUX_EXP_INDEX}.txt"
+    # The index comes from the loop below or from Slurm's array task id: digits only, before any arithmetic.
+    [[ $1 =~ ^[0-9]+$ ]] || { log "error: repeat index '$1' is not a number"; exit 1; }
+    export FLUX_EXP_INDEX=$((10#$1))
+    export FLUX_SEED=$((0 + FLUX_EXP_INDEX))
+    export FLUX_RESULT_LOG="$_fc_results_dir/result_${FLUX_EXP_INDEX}.txt"
     export FLUX_CACHE_CLEARED=0
-    log "repeat $((FLUX_EXP_INDEX + 1)) of ${NEXP} (index ${FLUX_EXP_INDEX}): seed ${FLUX_SEED}"
+    log "data-convert task $((FLUX_EXP_INDEX + 1)) of 2"
 }
 
 end_experiment() {
-    touch "$RUN_DIR/state/exp_${FLUX_EXP_INDEX}.done"
-    log "repeat index ${FLUX_EXP_INDEX} finished"
+    touch "$_fc_run_dir/state/exp_${FLUX_EXP_INDEX}.done"
+    log "data-convert task $((FLUX_EXP_INDEX + 1)) of 2 finished"
 }
 
 # ---- rendezvous: srun puts rank 0 (SLURM_PROCID 0) on the allocation's first node, which hosts the store.
-HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_ADDR=$(sinfo --noheader --Node --nodes="$HEAD_NODE" --format=%o | head -n 1) || MASTER_ADDR=""
+_fc_head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(sinfo --noheader --Node --nodes="$_fc_head_node" --format=%o | head -n 1) || MASTER_ADDR=""
 if [[ -z "$MASTER_ADDR" ]]; then
-    log "warning: no node address from sinfo; using the node name ${HEAD_NODE}"
-    MASTER_ADDR=$HEAD_NODE
+    log "warning: no node address from sinfo; using the node name ${_fc_head_node}"
+    MASTER_ADDR=$_fc_head_node
 fi
 export MASTER_ADDR
-export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+# Digits only before the arithmetic: bash would run a '$(...)' inside an array subscript there.
+[[ $SLURM_JOB_ID =~ ^[0-9]+$ ]] || { log "error: SLURM_JOB_ID '${SLURM_JOB_ID}' is not a number"; exit 1; }
+export MASTER_PORT=$((20000 + 10#$SLURM_JOB_ID % 20000))
 # A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/jobs/signals.py); we then requeue.
-export FLUX_REQUEUE_MARKER="$RUN_DIR/state/requeue-${SLURM_JOB_ID}"
+export FLUX_REQUEUE_MARKER="$_fc_run_dir/state/requeue-${SLURM_JOB_ID}"
 rm -f "$FLUX_REQUEUE_MARKER"
-scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$RUN_DIR/state/hostfile.${SLURM_JOB_ID}"
+scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$_fc_run_dir/state/hostfile.${SLURM_JOB_ID}"
 log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, restart ${SLURM_RESTART_COUNT:-0}"
 
 # ---- where ranks run: on_ranks (one task per GPU), on_nodes (one per node), on_one (a single task),
@@ -79,25 +77,25 @@ on_one() { srun --ntasks=1 --nodes=1 "$@"; }
 
 # A trapped signal interrupts 'wait'; keep waiting until the step has really ended.
 wait_step() {
-    local pid=$1 rc=0
+    local _fc_pid=$1 _fc_rc=0
     while :; do
-        if wait "$pid"; then return 0; else rc=$?; fi
-        kill -0 "$pid" 2>/dev/null || return "$rc"
+        if wait "$_fc_pid"; then return 0; else _fc_rc=$?; fi
+        kill -0 "$_fc_pid" 2>/dev/null || return "$_fc_rc"
     done
 }
 
 
 run_experiment() {
-    local rc=0
+    local _fc_rc=0
     begin_experiment "$1"
-    on_ranks python3 -m data_prep.job --config "$CONFIG" --stage convert &
-    wait_step $! || rc=$?
+    on_ranks python3 -m data_prep.job --config "$_fc_config" --stage convert &
+    wait_step $! || _fc_rc=$?
     if [[ -e "$FLUX_REQUEUE_MARKER" ]]; then
         rm -f "$FLUX_REQUEUE_MARKER"
         log "the ranks checkpointed after SIGUSR1; requeue is off for this system, stopping"
         return 1
     fi
-    (( rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${rc}"; return "$rc"; }
+    (( _fc_rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${_fc_rc}"; return "$_fc_rc"; }
     end_experiment
 }
 

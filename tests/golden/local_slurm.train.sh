@@ -9,6 +9,7 @@
 #SBATCH --partition=debug
 #SBATCH --cpus-per-task=1
 #SBATCH --mem-per-cpu=1000
+#SBATCH --export=ALL
 #SBATCH --requeue
 #SBATCH --signal=USR1@60
 #
@@ -19,53 +20,50 @@
 # shellcheck disable=SC2317  # not every job calls every helper function below
 set -euo pipefail
 # ---- run settings (rendered by flux-cluster; every value is shell-quoted)
-RUN_DIR=/runs/train/20260101-000000-local_slurm
-CONFIG=/runs/train/20260101-000000-local_slurm/config.yaml
-RESULTS_DIR=/runs/train/20260101-000000-local_slurm/results
-NEXP=1
-SEED_BASE=1234
-export FLUX_RUN_DIR="$RUN_DIR"
+# As run.sub names them: NEXP=1, SEED_BASE=1234.
+_fc_run_dir=/runs/train/20260101-000000-local_slurm
+_fc_config=/runs/train/20260101-000000-local_slurm/config.yaml
+_fc_results_dir=/runs/train/20260101-000000-local_slurm/results
+export FLUX_RUN_DIR="$_fc_run_dir"
+
+log() { printf '[flux-cluster %s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
 
 # ---- environment for every rank (system config: env)
 export OMP_NUM_THREADS=1
 
-log() { printf '[flux-cluster %s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
-
-# Secrets are passed by name from the submitting environment; their values are never written here.
-SECRET_NAMES=()
-for secret_name in "${SECRET_NAMES[@]}"; do
-    [[ -n "${!secret_name:-}" ]] || log "note: secret ${secret_name} is not set in the environment"
-done
-
-mkdir -p "$RESULTS_DIR" "$RUN_DIR/state"
+mkdir -p "$_fc_results_dir" "$_fc_run_dir/state"
 
 # Per-repeat settings: each repeat has its own seed and MLPerf log.
 begin_experiment() {
-    export FLUX_EXP_INDEX="$1"
-    export FLUX_SEED=$((SEED_BASE + FLUX_EXP_INDEX))
-    export FLUX_RESULT_LOG="$RESULTS_DIR/result_${FLUX_EXP_INDEX}.txt"
+    # The index comes from the loop below or from Slurm's array task id: digits only, before any arithmetic.
+    [[ $1 =~ ^[0-9]+$ ]] || { log "error: repeat index '$1' is not a number"; exit 1; }
+    export FLUX_EXP_INDEX=$((10#$1))
+    export FLUX_SEED=$((1234 + FLUX_EXP_INDEX))
+    export FLUX_RESULT_LOG="$_fc_results_dir/result_${FLUX_EXP_INDEX}.txt"
     export FLUX_CACHE_CLEARED=0
-    log "repeat $((FLUX_EXP_INDEX + 1)) of ${NEXP} (index ${FLUX_EXP_INDEX}): seed ${FLUX_SEED}"
+    log "repeat $((FLUX_EXP_INDEX + 1)) of 1 (index ${FLUX_EXP_INDEX}): seed ${FLUX_SEED}"
 }
 
 end_experiment() {
-    touch "$RUN_DIR/state/exp_${FLUX_EXP_INDEX}.done"
+    touch "$_fc_run_dir/state/exp_${FLUX_EXP_INDEX}.done"
     log "repeat index ${FLUX_EXP_INDEX} finished"
 }
 
 # ---- rendezvous: srun puts rank 0 (SLURM_PROCID 0) on the allocation's first node, which hosts the store.
-HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_ADDR=$(sinfo --noheader --Node --nodes="$HEAD_NODE" --format=%o | head -n 1) || MASTER_ADDR=""
+_fc_head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(sinfo --noheader --Node --nodes="$_fc_head_node" --format=%o | head -n 1) || MASTER_ADDR=""
 if [[ -z "$MASTER_ADDR" ]]; then
-    log "warning: no node address from sinfo; using the node name ${HEAD_NODE}"
-    MASTER_ADDR=$HEAD_NODE
+    log "warning: no node address from sinfo; using the node name ${_fc_head_node}"
+    MASTER_ADDR=$_fc_head_node
 fi
 export MASTER_ADDR
-export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+# Digits only before the arithmetic: bash would run a '$(...)' inside an array subscript there.
+[[ $SLURM_JOB_ID =~ ^[0-9]+$ ]] || { log "error: SLURM_JOB_ID '${SLURM_JOB_ID}' is not a number"; exit 1; }
+export MASTER_PORT=$((20000 + 10#$SLURM_JOB_ID % 20000))
 # A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/jobs/signals.py); we then requeue.
-export FLUX_REQUEUE_MARKER="$RUN_DIR/state/requeue-${SLURM_JOB_ID}"
+export FLUX_REQUEUE_MARKER="$_fc_run_dir/state/requeue-${SLURM_JOB_ID}"
 rm -f "$FLUX_REQUEUE_MARKER"
-scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$RUN_DIR/state/hostfile.${SLURM_JOB_ID}"
+scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$_fc_run_dir/state/hostfile.${SLURM_JOB_ID}"
 log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_ADDR}:${MASTER_PORT}, restart ${SLURM_RESTART_COUNT:-0}"
 
 # ---- where ranks run: on_ranks (one task per GPU), on_nodes (one per node), on_one (a single task),
@@ -75,47 +73,72 @@ on_ranks() { srun --ntasks-per-node=1 --kill-on-bad-exit=1 "$@"; }
 on_nodes() { on_hosts "$@"; }
 on_one() { srun --ntasks=1 --nodes=1 "$@"; }
 
+# Requeue this job, which resumes from its last checkpoint; exits.
+requeue_job() {
+    log "$1: requeueing job ${SLURM_JOB_ID}"
+    if ! scontrol requeue "$SLURM_JOB_ID"; then
+        log "error: scontrol requeue failed; resubmit the run to resume from its checkpoint"
+        exit 1
+    fi
+    exit 0
+}
+
+# After a crash, at most slurm.max_requeues times per run (counted in state/), so a fault that recurs at
+# every start cannot loop. Time-limit requeues are not counted: each one checkpointed progress.
+requeue_after_crash() {
+    local _fc_count_file="$_fc_run_dir/state/crash_requeues" _fc_crashes=0
+    [[ -f $_fc_count_file ]] && _fc_crashes=$(<"$_fc_count_file")
+    [[ $_fc_crashes =~ ^[0-9]+$ ]] || _fc_crashes=0
+    if (( 10#$_fc_crashes >= 3 )); then
+        log "error: $1, and this run was already requeued ${_fc_crashes} time(s) after a crash (slurm.max_requeues=3): not requeueing it; 'flux-cluster runs requeue' resumes it from its last checkpoint"
+        exit 1
+    fi
+    echo "$((10#$_fc_crashes + 1))" > "$_fc_count_file"
+    requeue_job "$1 (crash requeue $((10#$_fc_crashes + 1)) of at most 3)"
+}
+
 # A trapped signal interrupts 'wait'; keep waiting until the step has really ended.
 wait_step() {
-    local pid=$1 rc=0
+    local _fc_pid=$1 _fc_rc=0
     while :; do
-        if wait "$pid"; then return 0; else rc=$?; fi
-        kill -0 "$pid" 2>/dev/null || return "$rc"
+        if wait "$_fc_pid"; then return 0; else _fc_rc=$?; fi
+        kill -0 "$_fc_pid" 2>/dev/null || return "$_fc_rc"
     done
 }
 
 
 run_experiment() {
-    local rc=0
+    local _fc_rc=0
     begin_experiment "$1"
-    on_ranks python3 -m flux_cluster.train --config "$CONFIG" &
-    wait_step $! || rc=$?
+    on_ranks python3 -m flux_cluster.train --config "$_fc_config" &
+    wait_step $! || _fc_rc=$?
     if [[ -e "$FLUX_REQUEUE_MARKER" ]]; then
         rm -f "$FLUX_REQUEUE_MARKER"
-        log "the ranks checkpointed after SIGUSR1: requeueing job ${SLURM_JOB_ID}"
-        if ! scontrol requeue "$SLURM_JOB_ID"; then
-            log "error: scontrol requeue failed; resubmit the run to resume from its checkpoint"
-            exit 1
-        fi
-        exit 0
+        requeue_job "the ranks checkpointed after SIGUSR1"
     fi
-    if (( rc == 3 )); then
+    # srun exits with its tasks' highest code, 128+N for a rank that died of signal N (a node crash, the
+    # OOM killer, SIGKILL; docker exec reports it so too). That rank wrote no checkpoint: the job resumes
+    # from the last periodic one. An error (exit 1) or a missed target (exit 3) would recur: they fail it.
+    if (( _fc_rc > 128 && _fc_rc <= 192 )); then
+        requeue_after_crash "a rank was killed by a signal (srun exit code ${_fc_rc}: signal $((_fc_rc - 128)))"
+    fi
+    if (( _fc_rc == 3 )); then
         log "experiment ${FLUX_EXP_INDEX} ended without reaching the quality target (exit code 3)"
-        return "$rc"
+        return "$_fc_rc"
     fi
-    (( rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${rc}"; return "$rc"; }
-    on_one python3 -m mlperf_logging.compliance_checker --usage training --ruleset 6.1.0 \
-        --log_output "$RESULTS_DIR/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" \
-        || log "warning: ${FLUX_RESULT_LOG} failed the MLPerf compliance check"
+    (( _fc_rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${_fc_rc}"; return "$_fc_rc"; }
+    # the official checker; prints the one compliance line (passed / NON-CONFORMING: reasons / error)
+    on_one python3 -m flux_cluster.mlperf_rules check --ruleset 6.1.0 \
+        --log-output "$_fc_results_dir/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" || return 1
     end_experiment
 }
 
-status=0
-for ((exp = 0; exp < NEXP; exp++)); do
-    if [[ -e "$RUN_DIR/state/exp_${exp}.done" ]]; then
-        log "experiment ${exp} already finished before a requeue, skipping"
+_fc_status=0
+for ((_fc_exp = 0; _fc_exp < 1; _fc_exp++)); do
+    if [[ -e "$_fc_run_dir/state/exp_${_fc_exp}.done" ]]; then
+        log "experiment ${_fc_exp} already finished before a requeue, skipping"
         continue
     fi
-    run_experiment "$exp" || status=$?
+    run_experiment "$_fc_exp" || _fc_status=$?
 done
-exit "$status"
+exit "$_fc_status"

@@ -1,0 +1,39 @@
+"""Text from files we do not control (result logs, folder names, site configs), made safe to show.
+
+A terminal obeys the control characters in what it prints (ESC starts sequences that clear the screen,
+retitle the window or plant OSC-8 links; a lone CR overwrites the line) and bidi controls reorder what
+the reader sees. Here each becomes a visible escape such as ``\\x1b``. Rich markup and emoji codes are
+never interpreted in the ``Text`` these helpers return.
+"""
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """text with every control character (C0, DEL, C1, line separators, bidi controls) spelled out."""
+    return _CONTROL.sub(_visible, text)
+
+
+def plain(text: str, style: str = "") -> "Text":
+    """A rich Text showing text exactly (no markup, no emoji codes), control characters spelled out."""
+    from rich.text import Text
+
+    return Text(printable(text), style=style)
+
+
+def markup_escape(text: str) -> str:
+    """text for a rich markup string (a progress bar's description, say)."""
+    from rich.markup import escape
+
+    return escape(printable(text))
