@@ -142,7 +142,7 @@ def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     assert cases == sorted(
         (impl, mbs, mode, False)
         for impl in ("ours", "ours-fp8", "peer")
-        for mbs in (1, 2)
+        for mbs in (2,)
         for mode in ("full", "none")
     )
     phases = ("data_ms", "forward_ms", "backward_ms", "clip_ms", "optimizer_ms")
@@ -153,16 +153,16 @@ def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     # The console table has a row per case, and the ours/peer ratio of every setting both ran.
     cases_table, ratio_table = result.stdout.split("ours / peer (samples/s)")
     table = [line.split("│")[1].strip() for line in cases_table.splitlines() if line.startswith("│ ")]
-    assert table.count("ours") == table.count("ours-fp8") == table.count("peer") == 4
-    assert len(facts["ratios"]) == 8
+    assert table.count("ours") == table.count("ours-fp8") == table.count("peer") == 2
+    assert len(facts["ratios"]) == 4
     speed = {(r["impl"], r["micro_batch"], r["checkpointing"]): r["samples_per_s"] for r in rows}
     for ratio in facts["ratios"]:
         setting = (ratio["micro_batch"], ratio["checkpointing"])
         ours, peer = speed[(ratio["impl"], *setting)], speed[("peer", *setting)]
         assert ratio["over_peer"] == ours / peer
         assert f"{ours / peer:.2f}x" in ratio_table
-    assert "| ours | 1 | full | off |" in (tmp_path / "throughput.md").read_text()
-    assert "| ours-fp8 | 1 | full | off |" in (tmp_path / "throughput.md").read_text()
+    assert "| ours | 2 | full | off |" in (tmp_path / "throughput.md").read_text()
+    assert "| ours-fp8 | 2 | full | off |" in (tmp_path / "throughput.md").read_text()
 
     options = ["--world-sizes", "8,64", "--batches", "16", "--checkpointing", "full,none"]
     estimate = subprocess.run(

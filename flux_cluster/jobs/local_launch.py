@@ -11,9 +11,10 @@ import sys
 from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
 
 
-def outcome_line(exit_codes: dict[int, int], first_rank: int) -> tuple[str, int]:
-    """The one line to print and the exit code to keep, from each failed rank's exit code and the rank
-    that failed first (torchrun then stops the others with SIGTERM, so their codes say nothing)."""
+def outcome_line(exit_codes: dict[int, int], first_rank: int) -> tuple[str | None, int]:
+    """The line to print (None: the rank already said why) and the exit code to keep, from each failed
+    rank's exit code and the rank that failed first (torchrun then stops the others with SIGTERM, so their
+    codes say nothing)."""
     first = exit_codes[first_rank]
     if first == NOT_CONVERGED_EXIT_CODE:
         return (
@@ -21,10 +22,11 @@ def outcome_line(exit_codes: dict[int, int], first_rank: int) -> tuple[str, int]
             f"(train.max_samples) ran out (exit code {NOT_CONVERGED_EXIT_CODE})",
             NOT_CONVERGED_EXIT_CODE,
         )
+    if first > 0:  # the rank exited on its own and printed its error: one line is already there
+        return None, first
     ranks = ", ".join(f"rank {rank}: exit code {code}" for rank, code in sorted(exit_codes.items()))
-    if first < 0:  # killed by a signal: report it the way a shell does
-        first = 128 - first
-    return f"[launch] rank {first_rank} failed first ({ranks}); each rank's own error is above", first or 1
+    # killed by a signal (nothing of its own printed): report it the way a shell does
+    return f"[launch] rank {first_rank} was killed by signal {-first} ({ranks})", 128 - first
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         first_rank, _ = exc.get_first_failure()
         codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
         line, code = outcome_line(codes, first_rank)
-        print(line, file=sys.stderr, flush=True)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
         return code
     return 0
 
