@@ -26,7 +26,7 @@ from data_prep.parallel import Report, run_parallel
 from data_prep.progress import StageProgress
 from data_prep.shards import STATE_DIR, is_finished, shard_lock, write_shard
 from data_prep.source import Source, open_source
-from data_prep.synthetic import read_marker
+from data_prep.synthetic import read_encoded_marker, read_marker
 from flux_cluster.atomic import write_atomic
 from flux_cluster.errors import FluxClusterError
 
@@ -43,9 +43,11 @@ class ConversionPlan:
     """Hash of the input's file names, sizes and row counts (and the synthetic marker): the same data
     reached through another path or mount compares equal, changed data does not."""
     source_kind: str
-    """'mlcommons', or 'synthetic' for data made by 'flux-cluster data synth'."""
+    """'mlcommons', 'synthetic' for data made by 'flux-cluster data synth', or 'encoded' for a user's images
+    encoded by 'flux-cluster data encode'."""
     dims: str | None
-    """Synthetic data: the dims preset it was made with ('tiny' or 'real'); MLCommons data is 'real'."""
+    """Synthetic data: the dims preset it was made with ('tiny' or 'real'); MLCommons data is 'real';
+    encoded data None (the encoding model's shapes)."""
     shard_size: int
     samples: dict[str, int]
 
@@ -84,12 +86,14 @@ def make_plan(source_root: Path, shard_size: int = DEFAULT_SHARD_SIZE) -> Conver
         raise FluxClusterError(f"shard size {shard_size}: expected a positive number of samples")
     _source.cache_clear()  # the input may have changed since this process last looked
     marker = read_marker(source_root)
+    encoded = read_encoded_marker(source_root)
     sources = {split: _source(source_root, split) for split in SPLITS}
     return ConversionPlan(
         source=str(source_root.absolute()),
-        fingerprint=_fingerprint(sources, marker),
-        source_kind="synthetic" if marker else "mlcommons",
-        dims=marker["dims"] if marker else "real",
+        fingerprint=_fingerprint(sources, marker or encoded),
+        source_kind="synthetic" if marker else "encoded" if encoded else "mlcommons",
+        # Encoded data has the shapes of the model that encoded it: no preset to check against.
+        dims=marker["dims"] if marker else None if encoded else "real",
         shard_size=shard_size,
         samples={split: source.total for split, source in sources.items()},
     )

@@ -1,20 +1,34 @@
-"""Entry point of a prepare-data Slurm task: ``python -m data_prep.job --config RUN/config.yaml --stage S``.
+"""Entry point of a prepare-data or data encode Slurm task:
+``python -m data_prep.job --config RUN/config.yaml --stage S``.
 
 The run's config holds the system (already narrowed to one data job by flux-cluster). An array task's
-index comes from FLUX_EXP_INDEX, the number of tasks from mlperf.nexp. Progress goes to stdout (the job's
---output, as for every other job); errors to stderr."""
+index comes from FLUX_EXP_INDEX, the number of tasks from mlperf.nexp. The encode stages read their
+options from ENCODE_OPTIONS_FILE beside the config (never from the command line, which is rendered into
+the script). Progress goes to stdout (the job's --output, as for every other job); errors to stderr."""
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import os
 import sys
+import typing
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from data_prep.stages import STAGES, StagePaths, run_stage
+from flux_cluster.atomic import write_atomic
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.jobs import ENCODE_STAGES, read_job_file
+
+if TYPE_CHECKING:
+    from data_prep.encode import EncodeOptions
+
+ENCODE_OPTIONS_FILE = "encode.json"
+"""In an encode stage's run directory: its EncodeOptions, every path absolute."""
 
 
 def paths_in_job(system: SystemConfig) -> StagePaths:
@@ -31,16 +45,99 @@ def task_title(stage: str, task: int, tasks: int) -> str:
     return f"{stage} task {task + 1} of {tasks}" if tasks > 1 else stage
 
 
+def write_encode_options(run_dir: Path, options: "EncodeOptions") -> None:
+    data = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(options).items()}
+    write_atomic(run_dir / ENCODE_OPTIONS_FILE, json.dumps(data, indent=1) + "\n")
+
+
+def _expected(kind: Any) -> str:
+    if kind is bool:
+        return "true or false"
+    if kind is int:
+        return "an integer"
+    if kind is float:
+        return "a number"
+    return "an absolute path" + (" or null" if type(None) in typing.get_args(kind) else "")
+
+
+def _field_value(path: Path, key: str, kind: Any, value: object) -> object:
+    """value as the EncodeOptions field of type kind wants it; one line naming the file and key if not."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind in (int, float):
+        ok = isinstance(value, int | float if kind is float else int) and not isinstance(value, bool)
+    else:  # Path or Path | None
+        if value is None and type(None) in typing.get_args(kind):
+            return None
+        ok = isinstance(value, str) and os.path.isabs(value)
+        value = Path(value) if ok else value  # type: ignore[arg-type]
+    if not ok:
+        raise FluxClusterError(f"{path}: {key}: got {value!r}, expected {_expected(kind)}")
+    return value
+
+
+def read_encode_options(path: Path) -> "EncodeOptions":
+    """The options write_encode_options wrote; anything else is one line naming the file and the key."""
+    from data_prep.encode import EncodeOptions
+
+    written_by = "the encode options 'flux-cluster data encode --submit' writes"
+    data = read_job_file(path, written_by)
+    kinds = typing.get_type_hints(EncodeOptions)
+    fields = [f.name for f in dataclasses.fields(EncodeOptions)]
+    for key in data:
+        if key not in kinds:
+            raise FluxClusterError(f"{path}: {key}: unknown key, expected one of {', '.join(fields)}")
+    for key in fields:
+        if key not in data:
+            raise FluxClusterError(f"{path}: {key}: missing, expected {_expected(kinds[key])}")
+    return EncodeOptions(**{key: _field_value(path, key, kinds[key], data[key]) for key in fields})  # type: ignore[arg-type]
+
+
+def run_encode_stage(stage: str, config: Path, system: SystemConfig, task: int, tasks: int) -> None:
+    """encode: this task's share of the chunks into the cache; encode-finish: the Energon root from it."""
+    from data_prep.encode import Encoding, write_dataset
+
+    options = read_encode_options(config.parent / ENCODE_OPTIONS_FILE)
+    # The data root is the output; in a container it is mounted at paths.data_mount.
+    output = paths_in_job(system).need_output(stage)
+    options = dataclasses.replace(options, output=output)
+    target = options.cache_root if stage == "encode" else output
+    print(f"[data] {task_title(stage, task, tasks)}: {options.images} -> {target}", flush=True)
+    console = Console(emoji=False)
+    encoding = Encoding(options, console)
+    if stage == "encode":
+        mine = encoding.chunks[task::tasks]
+        encoded = encoding.encode(task, tasks)
+        console.print(
+            f"encode task {task + 1} of {tasks}: {len(mine)} chunk(s) of {len(encoding.chunks)}, "
+            f"{sum(len(c.items) for c in mine)} image(s), {encoded} encoded now (key {encoding.key})",
+            soft_wrap=True,
+            highlight=False,
+        )
+        return
+    summary = write_dataset(encoding, system.data_prep.workers)
+    console.print(
+        f"encoded {summary.samples['train']:,} train and {summary.samples['val']:,} val images "
+        f"({len(summary.skipped)} skipped) into {output}",
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from flux_cluster.rundir import read_run_config
 
     parser = argparse.ArgumentParser(prog="python -m data_prep.job")
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--stage", choices=STAGES, required=True)
+    parser.add_argument("--stage", choices=(*STAGES, *ENCODE_STAGES), required=True)
     args = parser.parse_args(argv)
     try:
         system, _job = read_run_config(args.config)
         task, tasks = int(os.environ.get("FLUX_EXP_INDEX", "0")), system.mlperf.nexp
+        if args.stage in ENCODE_STAGES:
+            with contextlib.redirect_stderr(sys.stdout):
+                run_encode_stage(args.stage, args.config, system, task, tasks)
+            return 0
         paths = paths_in_job(system)
         print(
             f"[data] {task_title(args.stage, task, tasks)}: {paths.source or '-'} -> {paths.output or '-'}",

@@ -35,20 +35,26 @@ from flux_cluster.atomic import write_atomic
 from flux_cluster.errors import FluxClusterError
 
 MARKER = "flux-synthetic.json"
+ENCODED_MARKER = "flux-encoded.json"
+"""In a source made by 'flux-cluster data encode' (data_prep.encode): what encoded it."""
 LATENT_SHIFT, LATENT_SCALE = 0.1159, 0.3611  # the FLUX autoencoder's, as training applies them
 LOGVAR = math.log(1e-4)
 NOISE = 0.1
 SourceFormat = Literal["arrow", "parquet"]
 
 
-def read_marker(root: Path) -> dict[str, Any] | None:
-    path = root / MARKER
+def read_marker(root: Path, name: str = MARKER) -> dict[str, Any] | None:
+    path = root / name
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text())
     except ValueError as exc:
-        raise FluxClusterError(f"{path}: not a flux-cluster synthetic-data marker ({exc})") from None
+        raise FluxClusterError(f"{path}: not a flux-cluster data marker ({exc})") from None
+
+
+def read_encoded_marker(root: Path) -> dict[str, Any] | None:
+    return read_marker(root, ENCODED_MARKER)
 
 
 class _World:
@@ -139,7 +145,7 @@ def _rows(world: _World, split: Split, count: int, rng: np.random.Generator) -> 
         yield row
 
 
-def _schema(split: Split) -> pa.Schema:
+def source_schema(split: Split) -> pa.Schema:
     fields = [pa.field(KEY_COLUMN, pa.string())]
     fields += [pa.field(name, pa.binary()) for name in ("t5_encodings", "clip_encodings", "mean", "logvar")]
     if split == "val":
@@ -157,7 +163,7 @@ def _write_split(
     progress: StageProgress,
 ) -> None:
     directory.mkdir(parents=True)
-    schema = _schema(split)
+    schema = source_schema(split)
     files = math.ceil(count / rows_per_file)
     names = [
         f"data-{i:05d}-of-{files:05d}.arrow" if source_format == "arrow" else f"part-{i:05d}.parquet"
@@ -166,29 +172,35 @@ def _write_split(
     batch_rows = 16
     for file_index, name in enumerate(names):
         in_file = min(rows_per_file, count - file_index * rows_per_file)
-        writer = _writer(directory / name, schema, source_format)
+        writer = source_writer(directory / name, schema, source_format)
         with writer:
             for start in range(0, in_file, batch_rows):
                 chunk = [next(rows) for _ in range(min(batch_rows, in_file - start))]
                 batch = pa.RecordBatch.from_pylist(chunk, schema=schema)
                 writer.write_batch(batch)
                 progress.advance(len(chunk), batch.nbytes)
-    if source_format == "arrow":  # the rest of an HF save_to_disk folder
-        state = {
-            "_data_files": [{"filename": name} for name in names],
-            "_fingerprint": f"flux-cluster-synthetic-{split}",
-            "_format_columns": None,
-            "_format_kwargs": {},
-            "_format_type": None,
-            "_output_all_columns": False,
-            "_split": None,
-        }
-        features = {field.name: {"dtype": _hf_dtype(field.type), "_type": "Value"} for field in schema}
-        write_atomic(directory / "state.json", json.dumps(state, indent=2) + "\n")
-        write_atomic(directory / "dataset_info.json", json.dumps({"features": features}, indent=2) + "\n")
+    if source_format == "arrow":
+        write_dataset_state(directory, split, names, "flux-cluster-synthetic")
 
 
-def _writer(path: Path, schema: pa.Schema, source_format: SourceFormat) -> Any:
+def write_dataset_state(directory: Path, split: Split, names: list[str], origin: str) -> None:
+    """The rest of an HF save_to_disk folder: state.json (the Arrow files in order) and the features."""
+    state = {
+        "_data_files": [{"filename": name} for name in names],
+        "_fingerprint": f"{origin}-{split}",
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+    }
+    schema = source_schema(split)
+    features = {field.name: {"dtype": _hf_dtype(field.type), "_type": "Value"} for field in schema}
+    write_atomic(directory / "state.json", json.dumps(state, indent=2) + "\n")
+    write_atomic(directory / "dataset_info.json", json.dumps({"features": features}, indent=2) + "\n")
+
+
+def source_writer(path: Path, schema: pa.Schema, source_format: SourceFormat) -> Any:
     if source_format == "parquet":
         # Small row groups keep a reader's memory bounded; the payload is random, so no compression.
         return pq.ParquetWriter(path, schema, compression="none", use_dictionary=False)
@@ -200,9 +212,14 @@ def _hf_dtype(kind: pa.DataType) -> str:
 
 
 def _write_empty(directory: Path, dims: Dims, rng: np.random.Generator) -> None:
-    """The empty-prompt encodings, float16 with a leading batch dim, as MLCommons ships them."""
-    directory.mkdir(parents=True)
-    t5 = (0.5 * rng.standard_normal((1, dims.t5_tokens, dims.t5_dim))).astype(np.float16)
-    clip = (0.5 * rng.standard_normal((1, dims.clip_dim))).astype(np.float16)
+    t5 = 0.5 * rng.standard_normal((dims.t5_tokens, dims.t5_dim))
+    clip = 0.5 * rng.standard_normal(dims.clip_dim)
+    write_empty_encodings(directory, t5, clip)
+
+
+def write_empty_encodings(directory: Path, t5: np.ndarray, clip: np.ndarray) -> None:
+    """The empty-prompt encodings (t5 [tokens, dim], clip [dim]) as MLCommons ships them: float16 with a
+    leading batch dim."""
+    directory.mkdir(parents=True, exist_ok=True)
     for name, value in zip(EMPTY_FILES, (t5, clip), strict=True):
-        np.save(directory / name, value, allow_pickle=False)
+        np.save(directory / name, value[None].astype(np.float16), allow_pickle=False)

@@ -59,6 +59,8 @@ def closed_division_deviations(
     found: list[Deviation] = []
     if train["mode"] != "pretrain":
         found.append(Deviation(f"mode {train['mode']} (the benchmark pretrains from random init)"))
+    if train.get("optimizer", "adamw") != "adamw":
+        found.append(Deviation(f"optimizer {train['optimizer']} (the benchmark uses AdamW)", "opt_name"))
     if train["model"] != BENCHMARK_MODEL:
         found.append(Deviation(f"model {train['model']} (the benchmark trains {BENCHMARK_MODEL})"))
     gbs = int(train["global_batch_size"])
@@ -100,6 +102,8 @@ def run_deviations(job: Mapping[str, Any]) -> list[str]:
     from flux_cluster.training.workload import load_workload
 
     workload, _ = load_workload(training["train"]["benchmark"])
+    if workload.kind != "mlperf" or not training.get("mlperf"):
+        return [f"fine-tuning workload {training['train']['benchmark']!r}: no MLPerf result"]
     found = closed_division_deviations(training["train"], training["mlperf"], workload.batch_presets.keys())
     return [d.reason for d in found]
 

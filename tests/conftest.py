@@ -21,6 +21,10 @@ SHIPPED_SYSTEMS = (
     "local",
     "local_slurm",
     "local_gpu",
+    "aws_p5",
+    "gcp_a3_highgpu",
+    "azure_nd_h100_v5",
+    "ondemand_h100x8",
 )
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 
@@ -39,6 +43,15 @@ def _private_secrets_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         os.environ.pop("FLUX_CLUSTER_SECRETS", None)
     else:
         os.environ["FLUX_CLUSTER_SECRETS"] = previous
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-init FLUX.1-schnell pipeline folder (flux-cluster models tiny, seed 0), written once per
+    session; treat it as read-only."""
+    from flux_cluster.models.tiny import write_tiny_pipeline  # imports torch and diffusers
+
+    return write_tiny_pipeline(tmp_path_factory.mktemp("tiny_pipeline") / "flux-tiny")
 
 
 @pytest.fixture

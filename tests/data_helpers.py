@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from data_prep.demo_images import write_image_folder  # noqa: F401  (re-exported for tests)
 from flux_cluster.cli import app
 
 

@@ -137,7 +137,7 @@ def test_dry_run_overrides_change_the_script(cli: CliRunner, workdir: Path) -> N
         (["logs"], "no runs under runs; submit one"),
         (["submit", "--system", "local_slurm", "--experiment", "a b", "--dry-run"], "--experiment 'a b'"),
         # usage errors Typer would draw in a box
-        (["report", "--price", "-1"], "flux-cluster report: Invalid value for '--price'"),
+        (["report", "--price", "-1"], "error: --price '-1': expected SYSTEM=USD or USD, USD a number >= 0"),
         (["report", "--format", "xml"], "'xml' is not one of 'table', 'json'"),
         (["submit", "--nexp", "abc"], "flux-cluster submit: Invalid value for '--nexp'"),
         (["preflight", "--soak-seconds", "abc"], "Invalid value for '--soak-seconds'"),

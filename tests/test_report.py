@@ -308,6 +308,7 @@ def test_compare_gives_ratios(cli: CliRunner, tree: Path, tmp_path: Path) -> Non
     assert table.exit_code == 0 and "0.500x" in table.output
 
 
+GRID_RGB = (0, 201, 87)  # the test's sample grid: one colour the page has nowhere else
 WIDTHS = """<script>document.body.insertAdjacentHTML("beforeend", "<pre id=widths>" +
   [document.documentElement, ...document.querySelectorAll(".scroll")].map(e => e.scrollWidth - e.clientWidth)
   + "</pre>")</script>"""
@@ -322,8 +323,16 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
         pytest.skip("Debian 'chromium' is not installed (tools/dev.sh test installs it as root)")
     bigger = tmp_path / "more"
     shutil.copytree(tree / "NVIDIA", bigger / "NVIDIA")
+    lora = tmp_path / "lora"  # the real LoRA run, evaluated (issue 15): an eval file and its sample grid
+    shutil.copytree(LORA_RUN, lora)
+    from PIL import Image
+    from test_report_eval import eval_document
+
+    tiny = eval_document(system="local", meaningful=False, meaningful_reason="tiny random-init pipeline")
+    (lora / "results" / "eval_0.json").write_text(json.dumps(tiny))
+    Image.new("RGB", (256, 128), GRID_RGB).save(lora / "results" / "eval_0_grid.png")
     page = tmp_path / "report.html"
-    paths = [str(tree), str(bigger), str(LORA_RUN)]  # two MLPerf groups and a 640-sample fine-tuning run
+    paths = [str(tree), str(bigger), str(lora)]  # two MLPerf groups and a 640-sample fine-tuning run
     result = cli.invoke(app, ["report", *paths, "--no-check", "--price", "2", "-f", "html", "-o", str(page)])
     assert result.exit_code == 0, result.output
     html = page.read_text()
@@ -332,12 +341,12 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
     for external in (
         "<script",
         "<link",
-        "src=",
         'href="http',
         "url(http",
         "@import",
     ):  # self-contained: nothing to fetch
         assert external not in html, external
+    assert html.count("src=") == html.count('<img src="data:image/png;base64,') == 1  # the grid, inline
     browser = [
         chromium,
         "--headless",
@@ -360,7 +369,13 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
         timeout=120,
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count("<svg") == 4 and "tyche_ngpu16_ngc25.09_nemo" in dom.stdout
+    assert dom.stdout.count("<svg") == 6 and "tyche_ngpu16_ngc25.09_nemo" in dom.stdout  # + fine-tuning, side
+    assert 'aria-label="Environments side by side' in dom.stdout and 'id="evaluations"' in dom.stdout
+    assert (
+        "eval_0.json: base vs fine-tuned images" in dom.stdout
+        and "NOT MEANINGFUL: tiny random-init" in dom.stdout
+    )
+    assert 'id="fine-tuning"' in dom.stdout and 'aria-label="Fine-tuning: validation loss' in dom.stdout
     assert "CONSOLE" not in dom.stderr and "Failed to load" not in dom.stderr, dom.stderr[-2000:]
     widths = dom.stdout.split('<pre id="widths">')[1].split("</pre>")[0]
     assert [int(w) for w in widths.split(",")] == [0] * (1 + html.count('class="scroll"')), (
@@ -375,8 +390,6 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
         timeout=120,
         check=True,
     )
-    from PIL import Image
-
     pixels = Image.open(shot).convert("RGB")
     colors = pixels.getcolors(maxcolors=1 << 20) or []
     bar = sum(
@@ -384,6 +397,7 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
     )
     assert bar > 5000, "the screenshot shows no throughput/time-to-train bars"
     assert sum(n for n, (r, g, b) in colors if r > 150 and g < 110 and b < 110) > 20, "no scaling points"
+    assert sum(n for n, rgb in colors if rgb == GRID_RGB) > 256 * 128 * 0.9, "the sample grid is not shown"
 
 
 def test_fine_tuning_runs_skip_the_checker_and_cost_their_measured_time(

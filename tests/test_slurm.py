@@ -262,6 +262,48 @@ def test_prepare_data_submit_refuses_bad_input_before_submitting(cli: CliRunner,
     assert not Path("runs").exists() and not (workdir / "absent").exists()
 
 
+def test_data_encode_submit_encodes_with_a_two_task_array_and_finishes(
+    cli: CliRunner, workdir: Path, tiny_pipeline: Path
+) -> None:
+    """data encode --submit: 12 images are one train and one val chunk, one per array task; the finish
+    job writes and verifies the root. A local encode of the same folder finds every chunk in the cache
+    under the same key (the options reached the jobs intact) and writes byte-identical shards."""
+    import hashlib
+
+    from data_helpers import write_image_folder
+
+    images, cache = workdir / "images", workdir / "cache"
+    write_image_folder(images, "captions.txt", 12)
+
+    def encode(out: Path, *more: str) -> str:
+        args = ["data", "encode", str(images), str(out), "--model", str(tiny_pipeline), "--cache", str(cache)]
+        result = cli.invoke(app, [*args, "--resolution", "64", "--max-sequence-length", "16", *more])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    encode(workdir / "slurm-out", "--submit", "--system", "local_slurm", "--tasks", "2", "--wait")
+    runs = {run.name.split("local_slurm-", 1)[1]: run for run in list_runs(Path("runs"))}
+    assert set(runs) == {"encode", "encode-finish"}
+    array, finish = RunRecord.load(runs["encode"]), RunRecord.load(runs["encode-finish"])
+    assert array is not None and array.array and len(array.job_ids) == 2 and finish is not None
+    samples = json.loads((workdir / "slurm-out" / "flux-encoded.json").read_text())["samples"]
+    logs = [log_text(runs["encode"], job_id) for job_id in array.job_ids]
+    for task, (log, split) in enumerate(zip(logs, ("train", "val"), strict=True)):
+        n = samples[split]
+        assert f"encode task {task + 1} of 2: 1 chunk(s) of 2, {n} image(s), {n} encoded now" in log, log
+    assert "verify: all checks passed" in log_text(runs["encode-finish"], finish.job_ids[0])
+
+    def shards(root: Path) -> dict[str, str]:
+        tars = sorted(root.rglob("*.tar"))
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in tars}
+
+    chunks = {p: p.stat().st_mtime_ns for p in cache.glob("*/chunks/*.arrow")}
+    local = encode(workdir / "local-out")
+    assert f"all {sum(samples.values())} images of this task are in the cache" in local
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("*/chunks/*.arrow")} == chunks
+    assert shards(workdir / "local-out") == shards(workdir / "slurm-out") and len(chunks) == 2
+
+
 @pytest.fixture
 def data_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """local_slurm trains on synthetic data made on the submitting host: keep it in one test folder."""
@@ -293,10 +335,12 @@ def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, wo
     periodic checkpoint by wall time is what is left) and the job requeues itself; later the run is
     requeued with 'runs requeue' (SIGTERM to every process of the job, loader workers included: the
     ranks checkpoint on it). Each attempt resumes where the last checkpoint left it, and the final
-    result log is compliant."""
+    result log is complete. Target 0.9 (the tiny model passes it in about half the steps of 0.586): what
+    is tested is the restarts, and CI's 30 minutes are short."""
     run_dir, record = launch(
-        cli, "submit", "--set", "mlperf.ruleset=5.1.0", "--set", "train.checkpoint_every_minutes=0.2"
-    )
+        cli, "submit", "--set", "mlperf.ruleset=5.1.0", "--set", "train.checkpoint_every_minutes=0.2",
+        "--set", "train.target=0.9",
+    )  # fmt: skip
     (job_id,) = record.job_ids
     checkpoints = run_dir / "checkpoints" / "exp_0"
 

@@ -1,5 +1,5 @@
 """The training job on 2 CPU ranks (gloo) with the tiny model: the README's main command end to end,
-kill-and-resume determinism, and LoRA / full fine-tuning outputs."""
+and kill-and-resume determinism (fine-tuning: tests/test_finetune.py)."""
 
 import json
 import math
@@ -14,19 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from checker import compliance_check
 from typer.testing import CliRunner
 
 from data_prep.ensure import default_root, ensure_synthetic_root
-from data_prep.loader import val_loader
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
 from flux_cluster.mlperf_rules import RULESETS
 from flux_cluster.rundir import list_runs
-from flux_cluster.training import model as M
-from flux_cluster.training.rectified_flow import validation_loss
-from flux_cluster.training.workload import load_workload
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -192,47 +187,3 @@ def test_the_gpu_defaults_train_on_two_cpu_ranks_and_a_missed_target_is_one_line
     assert header["measured_peak_tflops"] > 0 and header["attention_kernel"] == "math"
     evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
     assert len(evals) == 2 and evals[1] < evals[0]
-
-
-@pytest.mark.parametrize(("mode", "checkpointing"), [("lora", "full"), ("finetune", "ops")])
-def test_fine_tuning_saves_weights_that_reproduce_the_last_evaluation(
-    cli: CliRunner, workdir: Path, mode: str, checkpointing: str, synthetic_cache: Path
-) -> None:
-    args = load_workload("flux1")[0].models["tiny"]
-    torch.manual_seed(1)
-    # guidance-distilled like FLUX.1-dev, the usual fine-tuning base: the job must feed it a guidance value
-    M.build_model(args.model_copy(update={"guidance_embeds": True})).save_pretrained(workdir / "base")
-    run_dir = prepared_run(
-        cli,
-        f"train.mode={mode}",
-        f"train.pretrained_path={workdir / 'base'}",
-        "train.max_samples=320",
-        "train.eval_every_steps=20",
-        "train.learning_rate=1e-2",
-        "mlperf.check_compliance=false",
-        f"train.activation_checkpointing={checkpointing}",  # the saved weights keep diffusers' names
-    )
-    process = start_ranks(run_dir)
-    assert "run_stop aborted" in finish(process) and process.returncode == 0  # fine-tuning runs its budget
-    last_eval = [r["eval_loss"] for r in metrics(run_dir) if "eval_loss" in r][-1]
-    weights = run_dir / "results" / "weights_0"
-    if mode == "lora":
-        model = M.load_pretrained(workdir / "base")
-        model.load_lora_adapter(str(weights), weight_name=M.LORA_FILE, prefix="transformer")
-    else:
-        model = M.load_pretrained(weights)
-    batches = val_loader(synthetic_cache, batch_size=8, rank=0, world_size=1)
-    loss, _ = validation_loss(
-        lambda x, t, t5, clip: M.predict_velocity(model, x, t, t5, clip, torch.float32),
-        batches,
-        torch.device("cpu"),
-    )
-    assert loss == pytest.approx(last_eval, rel=1e-5)
-    untrained, _ = validation_loss(
-        lambda x, t, t5, clip: M.predict_velocity(
-            M.load_pretrained(workdir / "base"), x, t, t5, clip, torch.float32
-        ),
-        val_loader(synthetic_cache, batch_size=8, rank=0, world_size=1),
-        torch.device("cpu"),
-    )
-    assert loss < untrained  # the saved weights are the trained ones

@@ -24,7 +24,7 @@ def test_batch_presets_carry_the_reference_lr_and_warmup(
     gbs: int, lr: float, warmup: int, eval_every: int
 ) -> None:
     plan = plan_for("dgx_h100x8", "nodes=4", f"train.global_batch_size={gbs}")
-    assert (plan.learning_rate, plan.warmup_steps, plan.eval_every_steps) == (lr, warmup, eval_every)
+    assert (plan.learning_rate, plan.warmup_steps, plan.train.eval_every_steps) == (lr, warmup, eval_every)
     assert plan.grad_accum_steps == gbs // (16 * 32)
     assert (plan.dp_replicate, plan.dp_shard) == (4, 8)  # HSDP: replicate across nodes, shard within
 
@@ -105,3 +105,23 @@ def test_a_prepared_dataset_is_never_overwritten_by_synthetic_data(workdir: Path
     (root / READY_FILE).write_text("{}")
     assert ensure_synthetic_root(SyntheticDataConfig(), root, Console(quiet=True)) == root
     assert sorted(p.name for p in root.rglob("*")) == [".info.json", ".nv-meta"]
+
+
+def test_finetune_workload_resolves_epochs_and_learning_rates_by_mode_and_optimizer(tmp_path: Path) -> None:
+    base = ("train.benchmark=finetune", f"train.pretrained_path={tmp_path}", "train.global_batch_size=512")
+    lora = plan_for("dgx_h100x8", *base, "train.mode=lora")
+    assert lora.fine_tuning and lora.mlperf is None
+    assert (lora.learning_rate, lora.warmup_steps, lora.epochs) == (1e-4, 0, 10)
+    # No quality target and no eval interval: the epochs end the run, an evaluation ends each epoch.
+    assert lora.train.target is None and lora.train.eval_every_steps is None
+    full = plan_for("dgx_h100x8", *base, "train.mode=finetune", "train.epochs=3")
+    assert (full.learning_rate, full.epochs) == (1e-5, 3)
+    prodigy = plan_for("dgx_h100x8", *base, "train.mode=lora", "train.optimizer=prodigy")
+    assert prodigy.learning_rate == 1.0
+    # flux1 still resolves its quality target from the workload file
+    assert plan_for("dgx_h100x8").train.target == 0.586
+
+
+def test_finetune_workload_refuses_pretraining() -> None:
+    with pytest.raises(FluxClusterError, match=r"train.mode: 'pretrain' does not fine-tune"):
+        plan_for("dgx_h100x8", "train.benchmark=finetune")

@@ -10,7 +10,7 @@ from typer._click import Context
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from flux_cluster import __version__
-from flux_cluster.cli import data, image, launch, report, runs, systems
+from flux_cluster.cli import data, evaluate, image, launch, models, report, runs, systems
 from flux_cluster.cli.console import Group, Typer
 from flux_cluster.errors import FluxClusterError
 
@@ -82,6 +82,7 @@ app.add_typer(systems.app, name="systems")
 app.add_typer(image.app, name="image")
 app.add_typer(runs.app, name="runs")
 app.add_typer(data.app, name="data")
+app.add_typer(models.app, name="models")
 app.command()(launch.submit)
 app.command()(launch.preflight)
 app.command(name="prepare-data")(data.prepare_data)
@@ -89,6 +90,7 @@ app.command()(runs.status)
 app.command()(runs.logs)
 app.command()(runs.cancel)
 app.command()(report.report)
+app.command()(evaluate.evaluate)
 
 
 def main() -> None:

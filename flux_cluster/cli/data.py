@@ -2,6 +2,7 @@
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,6 +13,7 @@ from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
+    from data_prep.encode import EncodeOptions
     from flux_cluster.config.schema import SystemConfig
 
 app = Typer(help="Synthetic data and dataset inspection.", no_args_is_help=True)
@@ -90,16 +92,20 @@ def prepare_data(
     if "convert" in stages and "download" not in stages and not dry_run:
         _check_input(config)  # here, before anything runs or is submitted: bad input is a one-line error
     if submit:
-        if config.launcher != "slurm":
-            raise FluxClusterError(
-                f"system {config.name} has no Slurm (launcher {config.launcher}); drop --submit"
-            )
+        _require_slurm(config)
         raise typer.Exit(_submit_stages(config, stages, runs_dir, dry_run, wait))
     # Here, a local system uses every core unless told otherwise; a cluster system its configured workers.
     local_workers = (
         workers or (os.cpu_count() or 1) if config.launcher == "local" else config.data_prep.workers
     )
     raise typer.Exit(_run_here(config, stages, local_workers, dry_run))
+
+
+def _require_slurm(config: "SystemConfig") -> None:
+    if config.launcher != "slurm":
+        raise FluxClusterError(
+            f"system {config.name} has no Slurm (launcher {config.launcher}); drop --submit"
+        )
 
 
 def _settle_shard_size(config: "SystemConfig", explicit: bool) -> "SystemConfig":
@@ -171,8 +177,17 @@ def _run_here(config: "SystemConfig", stages: list[str], workers: int, dry_run: 
 
 
 def _submit_stages(
-    config: "SystemConfig", stages: list[str], runs_dir: Path | None, dry_run: bool, wait: bool
+    config: "SystemConfig",
+    stages: list[str],
+    runs_dir: Path | None,
+    dry_run: bool,
+    wait: bool,
+    command: str = "prepare-data",
+    mounts: tuple[str, ...] = (),
+    prepare: Callable[[Path], None] | None = None,
 ) -> int:
+    """Each stage a job in its own run directory under <runs>/<command>, chained by afterok; prepare
+    writes what a stage's job reads beside its config, before it is submitted."""
     from rich.table import Table
 
     from flux_cluster import slurm
@@ -191,16 +206,19 @@ def _submit_stages(
             # Pyxis and docker need a mount's source to exist; the source root is made only for a download.
             if not dry_run and (key == "data_root" or "download" in stages):
                 Path(value).mkdir(parents=True, exist_ok=True)
-    table = Table(title=f"prepare-data on {config.name}")
+    table = Table(title=f"{command} on {config.name}")
     for column in ("stage", "job", "tasks", "run directory"):
         table.add_column(column)
+    experiment = command.replace(" ", "-")
     dependency, all_ids = None, []
     for stage in stages:
-        run_dir = create_run_dir(root, "prepare-data", f"{config.name}-{stage}")
+        run_dir = create_run_dir(root, experiment, f"{config.name}-{stage}")
         # A dry run has no job ids to chain: the printed scripts are submitted in order by hand.
-        plan = data_job_plan(config, stage, run_dir, "prepare-data", None if dry_run else dependency)
+        plan = data_job_plan(config, stage, run_dir, experiment, None if dry_run else dependency, mounts)
         script = render_script(plan)
         prepare_run_dir(plan, script)
+        if prepare is not None:
+            prepare(run_dir)
         if dry_run:
             RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time()).save(run_dir)
             after = "" if stage == stages[0] else " --dependency=afterok:<job id of the stage before>"
@@ -264,3 +282,189 @@ def info(
     describe(root, console)
     if load > 0:
         load_check(root, load, console)
+
+
+@app.command()
+def encode(
+    images: Annotated[
+        Path,
+        typer.Argument(
+            help="Folder of captioned images (imgs/ + metadata.json, metadata.jsonl, or .txt captions)."
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="The Energon root to write (then: --set paths.data_root=OUT).")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            "--model", help="A local diffusers FLUX pipeline folder (vae/, text_encoder*/, tokenizer*/)."
+        ),
+    ],
+    resolution: Annotated[
+        int,
+        typer.Option("--resolution", help="Square training size: short side resized, then center-cropped."),
+    ] = 512,
+    val_fraction: Annotated[
+        float, typer.Option("--val-fraction", help="Share of images held out for the validation loss.")
+    ] = 0.1,
+    max_sequence_length: Annotated[
+        int,
+        typer.Option("--max-sequence-length", help="T5 tokens per caption (schnell: up to 256, dev: 512)."),
+    ] = 256,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Images per encoder forward.")] = 8,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Refuse the folder at the first broken image or missing caption.")
+    ] = False,
+    cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            help="Encoded chunks, reused by later runs; with --submit on a file system the compute nodes "
+            "share \\[default: ~/.cache/flux-cluster/encoded].",
+        ),
+    ] = None,
+    submit: Annotated[
+        bool,
+        typer.Option(
+            "--submit",
+            help="Run as Slurm jobs: an encode array (a GPU per task where the system has GPUs), then "
+            "a job writing OUT.",
+        ),
+    ] = False,
+    system: Annotated[
+        str | None, typer.Option("--system", "-s", help="With --submit: the Slurm system \\[default: local].")
+    ] = None,
+    tasks: Annotated[
+        int | None,
+        typer.Option("--tasks", help="With --submit: array tasks for encode \\[default: data_prep.tasks]."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="With --submit: wait for the jobs and report.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="With --submit: write the run directories, print the job scripts."),
+    ] = False,
+    overrides: SetOption = None,
+    runs_dir: RunsDirOption = None,
+) -> None:
+    """Encode a folder of captioned images once (FLUX VAE, CLIP, T5) into an Energon root for fine-tuning."""
+    from data_prep.encode import EncodeOptions, encode_folder
+
+    if out.resolve() == images.resolve() or out.resolve().is_relative_to(images.resolve()):
+        raise FluxClusterError(f"OUT {out}: inside the image folder {images}; write the dataset elsewhere")
+    options = EncodeOptions(
+        images=images,
+        output=out,
+        model=model,
+        resolution=resolution,
+        val_fraction=val_fraction,
+        max_sequence_length=max_sequence_length,
+        strict=strict,
+        batch_size=batch_size,
+        cache=cache,
+    )
+    if submit:
+        sets: list[str | tuple[str, str]] = list(overrides or [])
+        if tasks is not None:
+            sets.append((f"data_prep.tasks={tasks}", "--tasks"))
+        raise typer.Exit(_submit_encode(options, system or "local", sets, runs_dir, dry_run, wait))
+    submit_only = {"--system": system, "--tasks": tasks, "--set": overrides, "--runs-dir": runs_dir}
+    submit_only |= {"--wait": wait or None, "--dry-run": dry_run or None}
+    given = [flag for flag, value in submit_only.items() if value is not None]
+    if given:
+        raise FluxClusterError(f"{', '.join(given)}: only with --submit (a local encode runs here, now)")
+    console = cli_console(stderr=True)
+    summary = encode_folder(options, console, workers=min(4, os.cpu_count() or 1))
+    console.print(
+        f"encoded {summary.samples['train']:,} train and {summary.samples['val']:,} val images "
+        f"({summary.layout}, {summary.resolution}px, {len(summary.skipped)} skipped) into {out}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    typer.echo(
+        f"fine-tune: flux-cluster submit --set train.benchmark=finetune --set train.mode=lora "
+        f"--set train.pretrained_path={model.absolute()} --set paths.data_root={out.absolute()}"
+    )
+
+
+@app.command(name="demo-images")
+def demo_images(
+    out: Annotated[Path, typer.Argument(help="Folder to create (must not exist or be empty).")],
+    count: Annotated[int, typer.Option("--count", min=2, help="Images to write.")] = 40,
+    layout: Annotated[
+        str, typer.Option("--layout", help="metadata.json (with imgs/), metadata.jsonl, or captions.txt.")
+    ] = "metadata.json",
+) -> None:
+    """Write a small folder of generated, captioned images: something to try `data encode` on."""
+    from data_prep.demo_images import write_image_folder
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FluxClusterError(f"{out}: exists and is not an empty folder; choose a new one")
+    names = write_image_folder(out, layout, count, size=(96, 80))
+    typer.echo(f"wrote {len(names)} captioned images ({layout}) to {out}")
+
+
+def _submit_encode(
+    options: "EncodeOptions",
+    system: str,
+    sets: list[str | tuple[str, str]],
+    runs_dir: Path | None,
+    dry_run: bool,
+    wait: bool,
+) -> int:
+    """data encode as an encode array and an encode-finish job; everything is checked before either is
+    submitted, and the options reach the jobs as a file in their run directories, never in the script."""
+    import dataclasses
+
+    from data_prep.encode import encoding_key, split_items
+    from data_prep.encoders import model_fingerprint
+    from data_prep.image_folder import scan_folder
+    from data_prep.job import write_encode_options
+    from flux_cluster.cli.launch import check_slurm_path
+    from flux_cluster.config import load_system
+    from flux_cluster.jobs import ENCODE_STAGES
+    from flux_cluster.rundir import runs_root
+
+    # Absolute, and the cache fixed here: the compute nodes (or a container) have another $HOME.
+    options = dataclasses.replace(
+        options,
+        images=options.images.absolute(),
+        output=options.output.absolute(),
+        model=options.model.absolute(),
+        cache=options.cache_root.absolute(),
+    )
+    assert options.cache is not None
+    sets = [*sets, (f"paths.data_root={options.output}", "OUT"), ("paths.source_root=null", "data encode")]
+    config = load_system(system, sets).config
+    _require_slurm(config)
+    # They become mount specifications (no ':' or ','); the run dirs and OUT are checked again later.
+    for path in (options.images, options.model, options.cache, options.output, runs_root(runs_dir, config)):
+        check_slurm_path(path.absolute())
+    scan = scan_folder(options.images, strict=options.strict)
+    if len(scan.records) < 2:
+        split_items(scan.records, options)  # refuses it in one line (it needs a train and a val image)
+    key = encoding_key(options, model_fingerprint(options.model))
+    cli_console(stderr=True).print(
+        f"{len(scan.records):,} images, {len(scan.problems)} skipped; encodings cached in "
+        f"{options.cache / key} (it must be on a file system the compute nodes share)",
+        soft_wrap=True,
+        highlight=False,
+    )
+    mounts = (f"{options.images}:{options.images}:ro", f"{options.model}:{options.model}:ro")
+    mounts += (f"{options.cache}:{options.cache}",)
+
+    def prepare(run_dir: Path) -> None:
+        write_encode_options(run_dir, options)
+        if not dry_run:  # here, after every check: a container mount's source must exist
+            options.cache.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+
+    return _submit_stages(
+        config,
+        list(ENCODE_STAGES),
+        runs_dir,
+        dry_run,
+        wait,
+        command="data encode",
+        mounts=mounts,
+        prepare=prepare,
+    )

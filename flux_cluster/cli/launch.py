@@ -154,7 +154,8 @@ def launch(request: LaunchRequest) -> int:
         config = config.model_copy(
             update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
         )
-    experiment = request.experiment or ("flux1" if request.job == "train" else request.job)
+    # train runs group under their workload (flux1, finetune), other jobs under the job's name
+    experiment = request.experiment or (config.train.benchmark if request.job == "train" else request.job)
     if not re.fullmatch(PLAIN_NAME_PATTERN, experiment):
         raise FluxClusterError(f"--experiment {experiment!r}: one name of letters, digits and _.- (no '/')")
     root = runs_root(request.runs_dir, config).absolute()
@@ -229,6 +230,12 @@ def _with_training_data(config: "SystemConfig", make: bool) -> "SystemConfig":
         raise FluxClusterError(
             f"train.pretrained_path: {pretrained} is not a folder (a diffusers checkpoint)"
         )
+    if bare_metal:  # the ranks start in the run directory: a path relative to here must not change meaning
+        config = _absolute_paths(config)
+        data_root = config.paths.data_root
+    lora_init = config.train.lora_init
+    if bare_metal and lora_init and not Path(lora_init).is_file():
+        raise FluxClusterError(f"train.lora_init: {lora_init} is not a file (a LoRA .safetensors)")
     if spec is None:
         if data_root is None:
             raise FluxClusterError(
@@ -248,6 +255,22 @@ def _with_training_data(config: "SystemConfig", make: bool) -> "SystemConfig":
         ensure_synthetic_root(spec, root, cli_console(stderr=True), explicit=bool(data_root))
     paths = config.paths.model_copy(update={"data_root": str(root)})
     return config.model_copy(update={"paths": paths})
+
+
+def _absolute_paths(config: "SystemConfig") -> "SystemConfig":
+    """This host's relative paths (train.pretrained_path, train.lora_init, paths.data_root) made absolute."""
+    train = {
+        k: str(Path(v).absolute())
+        for k in ("pretrained_path", "lora_init")
+        if (v := getattr(config.train, k))
+    }
+    paths = {"data_root": str(Path(config.paths.data_root).absolute())} if config.paths.data_root else {}
+    return config.model_copy(
+        update={
+            "train": config.train.model_copy(update=train),
+            "paths": config.paths.model_copy(update=paths),
+        }
+    )
 
 
 def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) -> None:

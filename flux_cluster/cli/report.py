@@ -59,10 +59,11 @@ def report(
         ),
     ] = None,
     price: Annotated[
-        float | None,
+        list[str] | None,
         typer.Option(
-            min=0,
-            help="USD per accelerator-hour \\[default: the run config's price_per_gpu_hour].",
+            help="USD per accelerator-hour: SYSTEM=USD for one system (repeatable), or USD for every "
+            "group; overrides \\[default: the run config's price_per_gpu_hour].",
+            metavar="[SYSTEM=]USD",
             show_default=False,
         ),
     ] = None,
@@ -95,10 +96,12 @@ def report(
     from flux_cluster.report.build import Options
     from flux_cluster.rundir import runs_root
 
+    every, prices = parse_prices(price or [])
     options = Options(
         check=check,
         ruleset=ruleset.value if ruleset else None,
-        price=price,
+        price=every,
+        prices=prices,
         peak_tflops=peak_tflops,
         target=target,
     )
@@ -108,13 +111,52 @@ def report(
         a, b = (_harvest([path], options) for path in compare)
         from flux_cluster.report.compare import compare as compare_groups
 
+        _unpriced(prices, [*a, *b])
         _emit([*a, *b], output_format, output, check, compare_groups(compare[0], a, compare[1], b))
         return
     roots = list(paths) if paths else [runs_root(runs_dir)]
     if not paths and not roots[0].exists():
         typer.echo(f"no runs directory {roots[0]}: give result folders or logs as arguments", err=True)
         raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
-    _emit(_harvest(roots, options), output_format, output, check, None)
+    groups = _harvest(roots, options)
+    _unpriced(prices, groups)
+    _emit(groups, output_format, output, check, None)
+
+
+def parse_prices(values: list[str]) -> tuple[float | None, dict[str, float]]:
+    """--price values: (USD for every group or None, {system: USD}); a bad one is one line."""
+    import math
+
+    every: float | None = None
+    prices: dict[str, float] = {}
+    for value in values:
+        system, _, usd = value.rpartition("=")
+        try:
+            number = float(usd)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number < 0 or (system == "" and "=" in value):
+            raise FluxClusterError(
+                f"--price {value!r}: expected SYSTEM=USD or USD, USD a number >= 0 (e.g. aws_p5=6.88)"
+            )
+        if "=" in value:
+            prices[system] = number
+        elif every is not None:
+            raise FluxClusterError(f"--price {value!r}: one price for every group was already given")
+        else:
+            every = number
+    return every, prices
+
+
+def _unpriced(prices: dict[str, float], groups: "list[GroupResult]") -> None:
+    """Say which --price SYSTEM=USD matched no group (a typo would silently cost nothing)."""
+    systems = {g.system for g in groups}
+    for system in prices:
+        if system not in systems:
+            known = ", ".join(sorted(s for s in systems if s)) or "none"
+            typer.echo(
+                f"warning: --price {system}=...: no group of system {system!r} (systems: {known})", err=True
+            )
 
 
 def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":

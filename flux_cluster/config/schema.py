@@ -281,6 +281,10 @@ class SystemConfig(_Section):
     """Dense bf16 peak per accelerator in TFLOP/s, for MFU."""
     price_per_gpu_hour: float = Field(default=0.0, ge=0)
     """Price of one accelerator-hour in USD, for cost reports."""
+    price_date: str | None = Field(default=None, max_length=40)
+    """When price_per_gpu_hour was taken (e.g. '2026-11'): list prices change, so say how old it is."""
+    price_source: str | None = Field(default=None, max_length=300)
+    """Where price_per_gpu_hour comes from (the provider's public price page, a contract)."""
     dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend; 'auto' is nccl (RCCL on ROCm) with GPUs, gloo without."""
     python: str | None = None

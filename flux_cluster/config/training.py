@@ -15,6 +15,7 @@ AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 Precision = Literal["bf16", "fp8"]
 ModelPresetName = Literal["flux-schnell", "small", "tiny"]
 TrainMode = Literal["pretrain", "finetune", "lora"]
+OptimizerName = Literal["adamw", "adamw8bit", "prodigy"]
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
 
 
@@ -44,6 +45,16 @@ class TrainConfig(BaseModel):
     pretrained_path: str | None = None
     """Local diffusers checkpoint (a folder with config.json and safetensors, or a pipeline folder with a
     transformer/ subfolder) for finetune and lora. Model hubs are not contacted."""
+    optimizer: OptimizerName = "adamw"
+    """'adamw' (torch, the benchmark's), 'adamw8bit' (bitsandbytes: 8-bit optimizer state, a quarter of the
+    memory) or 'prodigy' (prodigyopt, with its settings for diffusion models: it finds the step size
+    itself and learning_rate scales it, so set learning_rate 1.0, prodigy's default; nothing checks it).
+    The latter two step each rank's shard of the FSDP2 parameters."""
+    lora_init: str | None = None
+    """A LoRA safetensors file (diffusers format) to start the adapters from (mode 'lora'); its rank and
+    target modules must match lora_rank and lora_targets."""
+    epochs: int | None = Field(default=None, ge=1)
+    """Fine-tuning workloads: passes over the train split; None takes the workload's default."""
     global_batch_size: int = Field(default=512, ge=1)
     """Samples per optimizer step across all ranks (MLPerf's global_batch_size)."""
     micro_batch_size: int = Field(default=16, ge=1)
@@ -56,8 +67,9 @@ class TrainConfig(BaseModel):
     """Steps between evaluations; None is MLPerf's ceil(262144 / global_batch_size)."""
     eval_batch_size: int | None = Field(default=None, ge=1)
     """Val samples per rank per forward; None uses micro_batch_size."""
-    target: float = Field(default=0.586, gt=0)
-    """Stop when the validation loss is at or below this (MLPerf flux1: 0.586)."""
+    target: float | None = Field(default=None, gt=0)
+    """Stop when the validation loss is at or below this; None: the workload's (MLPerf flux1: 0.586;
+    fine-tuning: none, the epochs end the run)."""
     max_samples: int | None = Field(default=None, ge=1)
     """Give up (run_stop status 'aborted') after this many training samples; None: the workload's limit."""
     log_every_steps: int = Field(default=10, ge=1)
@@ -117,6 +129,8 @@ class TrainConfig(BaseModel):
     def _consistent(self) -> "TrainConfig":
         if self.mode != "pretrain" and not self.pretrained_path:
             raise ValueError(f"mode {self.mode!r} needs train.pretrained_path (a local diffusers checkpoint)")
+        if self.lora_init and self.mode != "lora":
+            raise ValueError(f"lora_init needs mode 'lora' (got mode {self.mode!r})")
         if self.precision == "fp8" and (self.param_dtype != "bfloat16" or self.mode == "lora"):
             raise ValueError(
                 f"precision 'fp8' needs param_dtype 'bfloat16' and mode 'pretrain' or 'finetune' "

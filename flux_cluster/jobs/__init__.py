@@ -1,6 +1,7 @@
 """The jobs flux-cluster can launch. Importing this module must stay cheap (no torch)."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,27 @@ JOBS: dict[str, JobKind] = {
         writes_mlperf_log=False,
         run_minutes_from_system=False,
     ),
+    "evaluate": JobKind(
+        name="evaluate",
+        module="flux_cluster.evaluate.job",
+        description="flux-cluster evaluate: inference latency, CLIP score, samples (one rank, one GPU)",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+    ),
 }
 
 DATA_STAGES = ("download", "convert", "index", "verify")
+ENCODE_STAGES = ("encode", "encode-finish")
+"""data encode --submit: an array encoding the image chunks, then one job writing the Energon root."""
 
 
 def data_job(stage: str) -> JobKind:
-    """The Slurm job of one prepare-data stage (see flux_cluster/data_jobs.py)."""
+    """The Slurm job of one prepare-data or data encode stage (see flux_cluster/data_jobs.py)."""
+    command = "data encode" if stage in ENCODE_STAGES else "prepare-data"
     return JobKind(
         name=f"data-{stage}",
         module="data_prep.job",
-        description=f"prepare-data: the {stage} stage",
+        description=f"{command}: the {stage} stage",
         writes_mlperf_log=False,
         run_minutes_from_system=False,
         writes_data=True,
@@ -54,3 +65,21 @@ PREFLIGHT_MINUTES = 10
 NOT_CONVERGED_EXIT_CODE = 3
 """Exit code of a pretraining run whose sample budget ran out before the quality target (run_stop
 'aborted'). Fine-tuning runs train for their budget and end normally there."""
+
+
+def read_job_file(path: Path, written_by: str) -> dict:
+    """A JSON object a command wrote beside a job's config for the job (its options: never rendered into
+    shell); anything else is one FluxClusterError line naming the file and what was expected."""
+    import json
+
+    from flux_cluster.errors import FluxClusterError
+
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise FluxClusterError(f"{path}: cannot read it ({exc.strerror}): expected {written_by}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FluxClusterError(f"{path}: not JSON ({exc}): expected {written_by}") from None
+    if not isinstance(data, dict):
+        raise FluxClusterError(f"{path}: got {type(data).__name__}, expected a JSON object: {written_by}")
+    return data

@@ -1,6 +1,6 @@
 """Preflight's model step: a few training steps of the system's model, cut to one double-stream and one
 single-stream block at full width, on every GPU with the system's own train settings (compute dtype,
-activation checkpointing, compile, attention backend, FSDP2 mixed precision, fused AdamW). A stack that
+activation checkpointing, compile, attention backend, FSDP2 mixed precision, the optimizer). A stack that
 cannot train (cuDNN attention failing in backward, checkpointing that breaks under FSDP on an old torch)
 fails here in minutes, not at the first backward pass of a 12-hour allocation.
 
@@ -114,9 +114,9 @@ def _train_steps(
         compile_blocks=cfg.compile,
         precision=cfg.precision,
     )
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {"foreach": True})
-    )
+    from flux_cluster.training.optimizers import build_optimizer
+
+    optimizer = build_optimizer(cfg.optimizer, list(model.parameters()), 1e-4, device)
     b = cfg.micro_batch_size
     size = dims.latent_size
     x_t = torch.randn(b, dims.latent_channels, size, size, device=device)

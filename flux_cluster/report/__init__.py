@@ -2,5 +2,6 @@
 
 ``build`` runs the whole harvest: find the groups (``discover``), stream every log once
 (``harvest``), run the official compliance checker in worker processes (``compliance``), and score
-each group as MLPerf's result_summarizer does (``scoring``). ``formats`` and ``html`` present it.
+each group as MLPerf's result_summarizer does (``scoring``), with a run directory's ``flux-cluster evaluate``
+results (``evaluation``). ``formats`` and ``html`` present it.
 """

@@ -1,12 +1,14 @@
 """The whole harvest: groups found, logs streamed, compliance checked, groups scored."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from flux_cluster.mlperf_rules import QUALITY_TARGET
 from flux_cluster.report.compliance import check_logs
-from flux_cluster.report.discover import DEFAULT_RULESET, find_groups
+from flux_cluster.report.discover import DEFAULT_RULESET, GroupSource, find_groups
+from flux_cluster.report.evaluation import EvalResult, read_evals
+from flux_cluster.report.finetune import read_fine_tuning
 from flux_cluster.report.harvest import RunResult, harvest_run
 from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, score_group
 
@@ -19,6 +21,8 @@ class Options:
     """Compliance ruleset for every log; None: the run config's, a 'vX.Y' in the path, else 5.1.0."""
     price: float | None = None
     """USD per accelerator-hour for every group; None: the run config's price_per_gpu_hour."""
+    prices: dict[str, float] = field(default_factory=dict)
+    """USD per accelerator-hour by system name (--price SYSTEM=USD): wins over price and the config's."""
     peak_tflops: float | None = None
     """bf16 peak per accelerator for MFU; None: the run config's peak_bf16_tflops."""
     target: float = QUALITY_TARGET
@@ -65,6 +69,7 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
             runs[-1].append(run)
             tracker.advance(f"reading {log.name}")
             if source.train_mode in FINE_TUNING_MODES:  # no MLPerf result: the rules do not apply
+                run.fine_tuning = read_fine_tuning(log, run)
                 run.compliance = NOT_APPLICABLE
                 run.compliance_messages = [f"fine-tuning (train.mode {source.train_mode}): not checked"]
             if not options.check:
@@ -86,6 +91,18 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
         slots[index].compliance = "passed" if passed else "failed"
         slots[index].compliance_messages = messages
     return [
-        score_group(source, group_runs, options.check, options.price, options.peak_tflops)
+        score_group(
+            source,
+            group_runs,
+            options.check,
+            options.prices.get(source.system or "", options.price),
+            options.peak_tflops,
+            _evals(source),
+        )
         for source, group_runs in zip(sources, runs, strict=True)
     ]
+
+
+def _evals(source: GroupSource) -> list[EvalResult]:
+    """A run directory's flux-cluster evaluate results; their problems become the group's warnings."""
+    return read_evals(source.path, source.warnings) if source.run_dir else []

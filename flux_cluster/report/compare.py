@@ -20,6 +20,9 @@ COMPARED = [
     ("MFU", "mfu"),
     ("GPU-hours", "gpu_hours"),
     ("cost USD", "cost_usd"),
+    ("inference p50 s", "inference_p50_s"),
+    ("inference p99 s", "inference_p99_s"),
+    ("CLIP score tuned", "clip_score_tuned"),
 ]
 
 

@@ -170,10 +170,14 @@ def _from_run_config(group: GroupSource, run_dir: Path) -> None:
     mode = (system.get("train") if isinstance(system.get("train"), dict) else {}).get("mode")
     group.train_mode = mode if mode in get_args(TrainMode) else None
     for log in group.files:
-        index = log.stem.removeprefix("result_")
-        flops = _first_record(group.path / f"metrics_{index}.jsonl").get("flops_per_sample")
+        flops = _first_record(side_file(log, "metrics_", ".jsonl")).get("flops_per_sample")
         if _positive(flops):
             group.flops_per_sample[log] = float(flops)
+
+
+def side_file(log: Path, prefix: str, suffix: str = "") -> Path:
+    """What the training loop writes beside results/result_<i>.txt: <prefix><i><suffix>."""
+    return log.with_name(f"{prefix}{log.stem.removeprefix('result_')}{suffix}")
 
 
 def _from_submission_tree(group: GroupSource) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flux_cluster.report.evaluation import EvalResult, Latency
+from flux_cluster.report.harvest import RunResult
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.safe_text import plain, printable
 
@@ -23,6 +25,10 @@ class Column:
     fmt: str = "{}"
     terminal: bool = True
     """Shown in the terminal table too (which must fit a screen); every format has the rest."""
+    wrap: bool = False
+    """Long text (a path): the HTML page may break it over lines."""
+    page: bool = True
+    """Shown in the HTML page's tables too (which must fit 1,400 px; its cards say the rest)."""
 
     def text(self, row: Any) -> str:
         value = self.value(row)
@@ -57,7 +63,133 @@ GROUP_COLUMNS = [
     Column("MFU", lambda g: g.mfu, "{:.1%}"),
     Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}"),
     Column("USD per run", lambda g: g.cost_usd, "{:,.2f}"),
+    Column("basis", lambda g: g.minutes_basis),  # per run at the olympic or the mean measured time
+    Column("GPU-hours all runs", lambda g: g.total_gpu_hours, "{:,.2f}", terminal=False, page=False),
+    Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}", page=False),  # the page's cards say it
+    Column("mode", lambda g: g.train_mode, terminal=False, page=False),
 ]
+
+
+def _training_images_per_s(group: GroupResult) -> float | None:
+    """The training loop's own figure; for a benchmark group, its logs' samples/s (one image a sample)."""
+    return group.images_per_s if group.images_per_s is not None else group.throughput_samples_per_s
+
+
+FINE_TUNING_TITLE = "Fine-tuning, side by side"
+FINE_TUNING_NOTE = (
+    "No olympic score (no MLPerf result): minutes are the mean measured run time, GPU-hours and USD per "
+    "run at that time, USD all runs for every timed run; losses and images/s are means over runs, peak "
+    "memory the most; inference p50/p99 (seconds per image, the fine-tuned model's where measured) and "
+    "CLIP scores are means over the run's flux-cluster evaluate results, * when they are not meaningful; "
+    "cheapest first"
+)
+FINE_TUNING_COLUMNS = [
+    Column("system", _name),
+    Column("mode", lambda g: g.train_mode),
+    Column("accelerators", lambda g: g.accelerators),
+    Column("GPU", lambda g: g.accelerator_model, terminal=False, page=False),
+    Column("runs", lambda g: g.run_count),
+    Column("minutes", lambda g: g.mean_minutes, "{:.2f}"),
+    Column("images/s", _training_images_per_s, "{:,.1f}"),
+    Column("images/s/GPU", lambda g: g.images_per_s_per_accelerator, "{:,.2f}"),
+    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}"),
+    Column("best val loss", lambda g: g.best_eval_loss, "{:.4f}"),
+    Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}", terminal=False),
+    Column("peak GB", lambda g: g.peak_memory_gb, "{:,.1f}", terminal=False, page=False),
+    Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}"),
+    Column("USD per run", lambda g: g.cost_usd, "{:,.2f}"),
+    Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}"),
+    Column("basis", lambda g: g.minutes_basis),
+    # flux-cluster evaluate's figures (issue 15): inference speed and quality beside training and cost
+    Column("p50 s", lambda g: _evaluated(g, g.inference_p50_s), "{}"),
+    Column("p99 s", lambda g: _evaluated(g, g.inference_p99_s), "{}"),
+    Column("CLIP base", lambda g: _evaluated(g, g.clip_score_base), "{}", terminal=False),
+    Column("CLIP tuned", lambda g: _evaluated(g, g.clip_score_tuned), "{}"),
+]
+
+
+def _evaluated(group: GroupResult, value: float | None) -> str | None:
+    """An evaluation figure to 4 significant digits, starred when its evaluations are not meaningful."""
+    if value is None:
+        return None
+    return f"{value:.4g}" + ("" if group.evals_meaningful else "*")
+
+
+def _latency(side: str, key: str) -> Callable[[EvalResult], float | None]:
+    def value(result: EvalResult) -> float | None:
+        latency: Latency | None = getattr(result, side)
+        return getattr(latency, key) if latency else None
+
+    return value
+
+
+def _meaningful(result: EvalResult) -> str:
+    if result.meaningful:
+        return "yes"
+    return "NO" + (f": {result.meaningful_reason}" if result.meaningful_reason else "")
+
+
+EVAL_TITLE = "Evaluations"
+EVAL_NOTE = (
+    "flux-cluster evaluate: latency in seconds per image over the timed generations, for the base and the "
+    "fine-tuned (tuned) model in the same process; CLIP scores of their images against the prompts"
+)
+EVAL_COLUMNS = [
+    Column("eval", lambda e: e.name),
+    Column("meaningful", _meaningful, wrap=True),
+    Column("system", lambda e: e.system, terminal=False, page=False),  # the page's heading names it
+    Column("device", lambda e: e.device, wrap=True),
+    Column("model", lambda e: e.model, terminal=False, wrap=True),
+    Column("weights", lambda e: e.weights_kind),
+    Column("steps", lambda e: e.settings.get("steps")),
+    Column("resolution", lambda e: e.settings.get("resolution"), terminal=False),
+    Column("p50 s base", _latency("base", "p50_s"), "{:.4g}"),
+    Column("p50 s tuned", _latency("tuned", "p50_s"), "{:.4g}"),
+    Column("p90 s base", _latency("base", "p90_s"), "{:.4g}", terminal=False, page=False),
+    Column("p90 s tuned", _latency("tuned", "p90_s"), "{:.4g}", terminal=False, page=False),
+    Column("p99 s base", _latency("base", "p99_s"), "{:.4g}"),
+    Column("p99 s tuned", _latency("tuned", "p99_s"), "{:.4g}"),
+    Column("images/s tuned", _latency("tuned", "images_per_s"), "{:.4g}", terminal=False),
+    Column("peak GB tuned", _latency("tuned", "peak_memory_gb"), "{:,.1f}", terminal=False, page=False),
+    Column("CLIP base", lambda e: e.clip_base, "{:.4g}"),
+    Column("CLIP tuned", lambda e: e.clip_tuned, "{:.4g}"),
+    Column("val loss base", lambda e: e.val_loss_base, "{:.4f}"),
+    Column("val loss tuned", lambda e: e.val_loss_tuned, "{:.4f}"),
+]
+
+
+def _tuned(name: str) -> Callable[[Any], Any]:
+    return lambda run: getattr(run.fine_tuning, name) if run.fine_tuning is not None else None
+
+
+FINE_TUNING_RUN_COLUMNS = [
+    Column("run", lambda r: Path(r.file).name),
+    Column("status", lambda r: r.status),
+    Column("minutes", lambda r: r.minutes, "{:.2f}"),
+    Column("evals", lambda r: len(r.fine_tuning.curve) if r.fine_tuning else r.evals),
+    Column("best val loss", _tuned("best_eval_loss"), "{:.4f}"),
+    Column("best step", _tuned("best_step"), "{:,}"),
+    Column("final val loss", _tuned("final_eval_loss"), "{:.4f}"),
+    Column("epochs", _tuned("epochs"), "{:g}"),
+    Column("steps", _tuned("steps"), "{:,}"),
+    Column("images/s", _tuned("images_per_s"), "{:,.1f}"),
+    Column("step ms", _tuned("step_time_ms"), "{:,.0f}"),
+    Column("peak GB", _tuned("peak_memory_gb"), "{:,.1f}"),
+    Column("optimizer", _tuned("optimizer")),
+    Column("summary", lambda r: None if r.fine_tuning is None else "yes" if r.fine_tuning.summary else "no"),
+    Column("best weights", _tuned("best_weights"), wrap=True),
+]
+
+
+def run_columns(group: GroupResult) -> list[Column]:
+    return FINE_TUNING_RUN_COLUMNS if group.fine_tuning else RUN_COLUMNS
+
+
+def by_cost(groups: list[GroupResult]) -> list[GroupResult]:
+    """The groups side by side (fine-tuning, or evaluated), cheapest run first (unknown cost last)."""
+    tuned = [g for g in groups if g.fine_tuning or g.evals]
+    return sorted(tuned, key=lambda g: (g.cost_usd is None, g.cost_usd or 0.0, _name(g)))
+
 
 RUN_COLUMNS = [
     Column("run", lambda r: Path(r.file).name),
@@ -103,7 +235,10 @@ CSV_FIELDS = [
     "path", "benchmark", "system", "submitter", "accelerator_model", "accelerators", "ruleset",
     "olympic_minutes", "mean_minutes", "min_minutes", "max_minutes", "run_count", "scored_runs",
     "samples_to_converge", "gpu_hours", "price_per_gpu_hour", "cost_usd", "throughput_samples_per_s",
-    "throughput_per_accelerator", "mfu",
+    "throughput_per_accelerator", "mfu", "train_mode", "minutes_basis", "total_gpu_hours", "total_cost_usd",
+    "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
+    "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s", "clip_score_base",
+    "clip_score_tuned", "val_loss_base", "val_loss_tuned", "evals_meaningful",
 ]  # fmt: skip
 
 
@@ -144,10 +279,19 @@ def _md_table(columns: list[Column], rows: list[Any]) -> list[str]:
 
 
 def render_markdown(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> str:
-    lines = ["# flux-cluster report", "", *_md_table(GROUP_COLUMNS, groups)]
+    lines = ["# flux-cluster report"]
+    mlperf, tuned = [g for g in groups if not g.fine_tuning], by_cost(groups)
+    if mlperf or not tuned:
+        lines += ["", *_md_table(GROUP_COLUMNS, mlperf)]
+    if tuned:
+        lines += ["", f"## {FINE_TUNING_TITLE}", "", *_md_table(FINE_TUNING_COLUMNS, tuned)]
+        lines += ["", FINE_TUNING_NOTE + "."]
     for group in groups:
         lines += ["", f"## {_md(_name(group))} ({_md(group.benchmark)})", "", f"path: {_md(group.path)}", ""]
-        lines += _md_table(RUN_COLUMNS, group.runs)
+        lines += _md_table(run_columns(group), group.runs)
+        if group.evals:
+            lines += ["", f"### {EVAL_TITLE}", "", *_md_table(EVAL_COLUMNS, group.evals), ""]
+            lines += [EVAL_NOTE + ".", ""]
         lines += [f"- warning: {_md(w)}" for w in all_warnings(group)]
     if comparison is not None:
         lines += ["", *comparison_markdown(comparison)]
@@ -177,25 +321,35 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
     from rich.table import Table
     from rich.text import Text
 
-    group_columns = [c for c in GROUP_COLUMNS if c.terminal]
-    run_columns = [c for c in RUN_COLUMNS if c.terminal]
-    rules = "as MLPerf's result_summarizer" if checked else "summarizer rules; compliance not checked"
-    summary = Table(title=f"flux-cluster report (olympic scores {rules})", title_justify="left")
-    for column in group_columns:
-        summary.add_column(column.header, justify="left" if column.header == "system" else "right")
-    for group in groups:
-        summary.add_row(*(plain(c.text(group)) for c in group_columns))
+    def table(title: Any, columns: list[Column], rows: list[Any], left: tuple[str, ...]) -> Table:
+        shown = [c for c in columns if c.terminal]
+        out = Table(title=title, title_justify="left")
+        for column in shown:
+            out.add_column(column.header, justify="left" if column.header in left else "right")
+        for row in rows:
+            dim = isinstance(row, RunResult) and not row.scored and row.fine_tuning is None
+            out.add_row(*(plain(c.text(row)) for c in shown), style="dim" if dim else None)
+        return out
+
     for group in groups:
         title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}"
-        runs = Table(title=Text.assemble(plain(title), "\n", _batch_line(group)), title_justify="left")
-        for column in run_columns:
-            runs.add_column(column.header, justify="left" if column.header in ("run", "status") else "right")
-        for run in group.runs:
-            runs.add_row(*(plain(c.text(run)) for c in run_columns), style=None if run.scored else "dim")
-        console.print(runs)
+        heading = Text.assemble(plain(title), "\n", _batch_line(group))
+        console.print(table(heading, run_columns(group), group.runs, ("run", "status", "best weights")))
+        if group.evals:
+            title = f"{EVAL_TITLE}: {plain(_name(group))}"
+            console.print(
+                table(title, EVAL_COLUMNS, group.evals, ("eval", "meaningful", "device", "weights"))
+            )
         for warning in all_warnings(group):
             console.print(Text.assemble(("warning:", "yellow"), " ", plain(warning)), soft_wrap=True)
-    console.print(summary)
+    mlperf, tuned = [g for g in groups if not g.fine_tuning], by_cost(groups)
+    if tuned:
+        console.print(table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, ("system", "mode", "basis")))
+        console.print(FINE_TUNING_NOTE + ".", soft_wrap=True)
+    if mlperf or not tuned:
+        rules = "as MLPerf's result_summarizer" if checked else "summarizer rules; compliance not checked"
+        title = f"flux-cluster report (olympic scores {rules})"
+        console.print(table(title, GROUP_COLUMNS, mlperf, ("system", "basis")))
 
 
 def comparison_markdown(comparison: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ the first ``run_stop``, and (run_stop - run_start) ms / 60,000.
 """
 
 import contextlib
+import dataclasses
 import json
 import math
 import reprlib
@@ -56,6 +57,45 @@ _EXACTLY_ONE = frozenset({"run_start", "run_stop", "init_start", "init_stop"}) |
 
 
 @dataclass
+class EvalPoint:
+    """One evaluation of a fine-tuning run."""
+
+    step: int | None
+    samples: int
+    epoch: float | None
+    """Epochs done (fractional: the training loop logs 1.5 half-way through the second)."""
+    loss: float
+
+
+@dataclass
+class FineTuningRun:
+    """What a fine-tuning run's metrics_<i>.jsonl adds to its log. Field names are JSON schema: keep stable.
+
+    From the file's summary line when it has one (the training loop writes it last); each figure it lacks
+    or gives wrong comes from the file's evaluation and step lines or the log, or stays None."""
+
+    metrics_file: str | None = None
+    summary: bool = False
+    """The metrics file ends with its summary line (an interrupted run's does not)."""
+    images_per_s: float | None = None
+    step_time_ms: float | None = None
+    train_seconds: float | None = None
+    epochs: float | None = None
+    steps: int | None = None
+    samples: int | None = None
+    best_eval_loss: float | None = None
+    best_step: int | None = None
+    final_eval_loss: float | None = None
+    peak_memory_gb: float | None = None
+    world_size: int | None = None
+    optimizer: str | None = None
+    best_weights: str | None = None
+    """results/best_<i>/, where the run saved its best weights."""
+    curve: list[EvalPoint] = field(default_factory=list)
+    """The validation loss at every evaluation, by samples."""
+
+
+@dataclass
 class RunResult:
     """One result log. The field names are the report's JSON schema: keep them stable."""
 
@@ -92,7 +132,11 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     eval_curve: list[tuple[int, float]] = field(default_factory=list)
     """(samples_count, eval loss) of every evaluation, by samples_count."""
+    fine_tuning: FineTuningRun | None = None
+    """Fine-tuning runs only (train.mode lora or finetune)."""
     accelerators_from_log: int | None = field(default=None, repr=False)
+    eval_epochs: dict[int, float] = field(default_factory=dict, repr=False)
+    """samples_count -> epoch_num of the evaluations that log one (fine-tuning logs do)."""
     rcp_samples: float | None = field(default=None, repr=False)
     """What MLPerf's RCP checker takes: the last eval's samples_count before the last run_stop, if
     that run_stop says success (the group's samples to converge is built from these)."""
@@ -129,6 +173,7 @@ class _Scan:
     stop_status: str | None = None
     points: dict[str, Any] = field(default_factory=dict)
     evals: dict[int, float] = field(default_factory=dict)  # samples_count -> loss, first one wins
+    epochs: dict[int, float] = field(default_factory=dict)  # samples_count -> epoch_num
     evals_without_samples: int = 0
     blocks: _Intervals = field(default_factory=_Intervals)
     eval_intervals: _Intervals = field(default_factory=_Intervals)
@@ -158,6 +203,9 @@ class _Scan:
                 self.evals_without_samples += 1
             elif finite_number(value) and samples not in self.evals:
                 self.evals[samples] = float(value)
+                epoch = non_negative(metadata.get("epoch_num"))
+                if epoch is not None:
+                    self.epochs[samples] = epoch
         elif key == "block_start":
             self.blocks.start(time_ms, samples)
         elif key == "block_stop":
@@ -177,6 +225,11 @@ def finite_number(value: Any) -> bool:
     if isinstance(value, int):
         return abs(value) <= 1 << 1023  # math.isfinite would raise OverflowError beyond
     return isinstance(value, float) and math.isfinite(value)
+
+
+def non_negative(value: Any) -> float | None:
+    """value as a float if it is a finite number >= 0, else None."""
+    return float(value) if finite_number(value) and value >= 0 else None
 
 
 def whole_number(value: Any, low: int = 0, high: int = MAX_COUNT) -> int | None:
@@ -224,7 +277,7 @@ def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
         return None
 
 
-def _lines(path: Path) -> Iterator[bytes | int]:
+def bounded_lines(path: Path) -> Iterator[bytes | int]:
     """The non-empty lines as the official parser's text mode sees them (LF, CRLF and a lone CR each end
     one), read CHUNK_BYTES at a time. A line over MAX_LINE_BYTES (a crash's NUL fill, say) comes as its
     length only: memory stays bounded whatever the file holds."""
@@ -257,7 +310,7 @@ def _lines(path: Path) -> Iterator[bytes | int]:
 
 def scan_file(path: Path) -> _Scan:
     scan = _Scan()
-    for line in _lines(path):
+    for line in bounded_lines(path):
         if isinstance(line, int):  # too long to hold: never an MLLOG line we read
             scan.long_lines += 1
             scan.longest_line = max(scan.longest_line, line)
@@ -371,12 +424,15 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
         result.status = "success" if scan.stop_status == "success" else "aborted"
 
     result.eval_curve = sorted(scan.evals.items())
+    result.eval_epochs = scan.epochs
     result.evals = len(result.eval_curve)
     if result.eval_curve:
         result.final_eval_loss = result.eval_curve[-1][1]
         met = [samples for samples, loss in result.eval_curve if loss <= result.target]
         result.samples_to_converge = met[0] if met else None
-    if result.status == "success" and result.samples_to_converge is None:
+    # A fine-tuning log (division open, no target_accuracy) succeeds by finishing its epochs.
+    no_target = "target_accuracy" not in points and points.get("submission_division") == "open"
+    if result.status == "success" and result.samples_to_converge is None and not no_target:
         warn(f"run_stop says success but no eval reached the target {result.target}")
     result.eval_minutes = sum(ms for ms, _ in scan.eval_intervals.closed) / 60_000
 
@@ -398,7 +454,9 @@ def _text(value: Any) -> str | None:
 
 def to_json(result: RunResult) -> dict[str, Any]:
     document = dict(result.__dict__)
-    for private in ("accelerators_from_log", "rcp_samples", "longest_line"):
+    for private in ("accelerators_from_log", "eval_epochs", "rcp_samples", "longest_line"):
         document.pop(private)
     document["eval_curve"] = [list(point) for point in result.eval_curve]
+    if result.fine_tuning is not None:
+        document["fine_tuning"] = dataclasses.asdict(result.fine_tuning)
     return document

@@ -1,7 +1,9 @@
 """The report as one self-contained HTML page: tables, warnings and inline SVG plots, no scripts.
 
 The page leads with the answers, one card per group (time to train, cost, samples/s per accelerator,
-MFU, each with how it was obtained), then the summary table, the plots and every run. It fits a
+MFU or, for fine-tuning, the best validation loss; each with how it was obtained), then the summary
+table of the MLPerf groups, the fine-tuning (or evaluated) groups side by side, each evaluation with
+its sample grid (a PNG inlined as a data: URI), the plots and every run. It fits a
 1,400 px window without sideways scrolling.
 """
 
@@ -57,6 +59,10 @@ def _cost(group: GroupResult) -> Answer:
 
 
 def _throughput(group: GroupResult) -> Answer:
+    per_gpu = group.images_per_s_per_accelerator
+    if group.fine_tuning and per_gpu is not None:  # the training loop's own figure, evaluations excluded
+        how = f"{group.images_per_s or 0:,.1f} images/s on {group.accelerators}, mean over its runs"
+        return Answer("Images/s per GPU", f"{per_gpu:,.2f}", how)
     label = "Samples/s per accelerator"
     if group.throughput_per_accelerator is None or group.throughput_samples_per_s is None:
         return Answer(label, "-", plots.no_throughput(group))
@@ -70,6 +76,26 @@ def _mfu(group: GroupResult) -> Answer:
     return Answer("MFU", f"{group.mfu:.1%}", "model FLOP/s per accelerator / its bf16 peak")
 
 
+def _validation(group: GroupResult) -> Answer:
+    label = "Best validation loss"
+    if group.best_eval_loss is None:
+        return Answer(label, "-", "no evaluation in its metrics files or logs")
+    final = "-" if group.final_eval_loss is None else f"{group.final_eval_loss:.4f}"
+    return Answer(label, f"{group.best_eval_loss:.4f}", f"mean over its runs; final {final}")
+
+
+def _inference(group: GroupResult) -> Answer:
+    label = "Inference p50 / CLIP"
+    p50, clip = group.inference_p50_s, group.clip_score_tuned
+    if clip is None:
+        clip = group.clip_score_base
+    value = f"{'-' if p50 is None else f'{p50:.3g} s'} / {'-' if clip is None else f'{clip:.3g}'}"
+    how = f"mean of {len(group.evals)} evaluation(s), the fine-tuned model's where measured"
+    if not group.evals_meaningful:
+        how = "NOT MEANINGFUL (see the evaluations); " + how
+    return Answer(label, value, how)
+
+
 def cards(groups: list[GroupResult]) -> list[Card]:
     out = []
     for index, (group, name) in enumerate(zip(groups, plots.names(groups), strict=True)):
@@ -79,7 +105,10 @@ def cards(groups: list[GroupResult]) -> list[Card]:
         if group.accelerators:
             about.append(f"{group.accelerators} x {group.accelerator_model or 'accelerator'}")
         warnings = len(formats.all_warnings(group))
-        answers = [_time(group), _cost(group), _throughput(group), _mfu(group)]
+        last = _validation(group) if group.fine_tuning else _mfu(group)  # what a fine-tuner compares
+        answers = [_time(group), _cost(group), _throughput(group), last]
+        if group.evals:
+            answers.append(_inference(group))
         out.append(Card(name, f"group-{index}", ", ".join(about), answers, warnings))
     return out
 
@@ -94,16 +123,27 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
+    answers = cards(groups)
+    card_of = {id(g): c for g, c in zip(groups, answers, strict=True)}
     return environment.get_template("report.html.j2").render(
         groups=groups,
-        cards=cards(groups),
+        cards=answers,
+        summary_rows=[(g, card_of[id(g)]) for g in groups if not g.fine_tuning],
+        fine_rows=[(g, card_of[id(g)]) for g in formats.by_cost(groups)],
+        fine_columns=[c for c in formats.FINE_TUNING_COLUMNS if c.page],
+        evaluated=[(g, card_of[id(g)]) for g in groups if g.evals],
+        eval_columns=[c for c in formats.EVAL_COLUMNS if c.page],
+        eval_title=formats.EVAL_TITLE,
+        eval_note=formats.EVAL_NOTE,
+        fine_title=formats.FINE_TUNING_TITLE,
+        fine_note=formats.FINE_TUNING_NOTE,
+        columns_of=formats.run_columns,
         run_count=sum(g.run_count for g in groups),
         version=__version__,
         checked=checked,
         comparison=comparison,
         plots=plots.all_plots(groups),
-        group_columns=formats.GROUP_COLUMNS,
-        run_columns=formats.RUN_COLUMNS,
+        group_columns=[c for c in formats.GROUP_COLUMNS if c.page],
         warnings=formats.all_warnings,
         number=formats.format_number,
         ratio=formats.format_ratio,

@@ -287,10 +287,115 @@ def scaling(groups: list[GroupResult]) -> "Figure":
     return figure
 
 
+FINE_TUNING_LOSS_TITLE = "Fine-tuning: validation loss vs samples (one line per group: the mean of its runs)"
+
+
+@_styled
+def fine_tuning_loss(groups: list[GroupResult]) -> "Figure":
+    """The fine-tuning groups' validation-loss curves, side by side (runs of a group evaluate at the
+    same samples, so a group's line is the mean at each, over the runs that reached it)."""
+    from matplotlib.ticker import EngFormatter
+
+    figure, axes = _figure(FINE_TUNING_LOSS_TITLE)
+    labels = names(groups)
+    without = []
+    for group, label in zip(groups, labels, strict=True):
+        if not group.fine_tuning:
+            continue
+        at: dict[int, list[float]] = {}
+        for run in group.runs:
+            for point in run.fine_tuning.curve if run.fine_tuning else []:
+                at.setdefault(point.samples, []).append(point.loss)
+        if not at:
+            without.append(f"{label}: no evaluations")
+            continue
+        samples = sorted(at)
+        axes.plot(
+            samples, [sum(at[s]) / len(at[s]) for s in samples], linewidth=1.5,
+            marker="." if len(samples) < 40 else None, label=_plain(label),
+        )  # fmt: skip
+    _left_out(axes, without, "samples (images)")
+    if len(without) == sum(g.fine_tuning for g in groups):
+        _no_data(axes, "fine-tuning evaluations")
+        return figure
+    axes.xaxis.set_major_formatter(EngFormatter(sep=""))
+    axes.set_ylabel("validation loss")
+    axes.legend(fontsize=8)
+    return figure
+
+
+SIDE_BY_SIDE_TITLE = "Environments side by side: training, inference, quality and cost"
+_SIDE_PANELS: list[tuple[str, tuple[tuple[str, str], ...]]] = [
+    ("training images/s", (("", "images_per_s"),)),
+    ("step time (ms)", (("", "step_time_ms"),)),
+    ("time to train or run time (min)", (("", "mean_minutes"),)),
+    ("inference s per image", (("p50", "inference_p50_s"), ("p99", "inference_p99_s"))),
+    ("CLIP score", (("base", "clip_score_base"), ("tuned", "clip_score_tuned"))),
+    ("GPU-hours per run", (("", "gpu_hours"),)),
+    ("USD per run", (("", "cost_usd"),)),
+]
+
+
+def _side_value(group: GroupResult, attribute: str) -> float | None:
+    if attribute == "images_per_s" and group.images_per_s is None:
+        return group.throughput_samples_per_s  # a benchmark group: one image a sample
+    if attribute == "mean_minutes" and group.olympic_minutes is not None:
+        return group.olympic_minutes
+    value: float | None = getattr(group, attribute)
+    return value
+
+
+def side_by_side(groups: list[GroupResult]) -> str:
+    """One small bar panel per figure the side-by-side table compares, the same groups on each: a group
+    without the figure gets 'n/a' in its place, and evaluations that mean nothing are named under them."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    labels = names(groups, "\n")
+    with matplotlib.rc_context(_STYLE):
+        figure = Figure(figsize=(15, 7.5), layout="constrained")
+        figure.suptitle(SIDE_BY_SIDE_TITLE)
+        colors = ("#4c72b0", "#dd8452")
+        for number, (title, series) in enumerate(_SIDE_PANELS, start=1):
+            axes = figure.add_subplot(2, 4, number)
+            axes.set_title(title, fontsize=9)
+            width = 0.8 / len(series)
+            for k, (name, attribute) in enumerate(series):
+                at = [x - 0.4 + width * (k + 0.5) for x in range(len(groups))]
+                values = [_side_value(group, attribute) for group in groups]
+                shown = [(x, v) for x, v in zip(at, values, strict=True) if v is not None]
+                for x, value in zip(at, values, strict=True):
+                    if value is None:
+                        axes.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7, color=_NOTE_COLOR)
+                if shown:
+                    axes.bar(*zip(*shown, strict=True), width, color=colors[k], label=name or None)
+            if len(series) > 1 and axes.containers:
+                axes.legend(fontsize=7)
+            axes.set_xticks(
+                range(len(groups)), [_plain(label) for label in labels], fontsize=7, rotation=20, ha="right"
+            )
+            axes.set_xlim(-0.6, len(groups) - 0.4)
+            axes.margins(y=0.15)
+        if not all(g.evals_meaningful is not False for g in groups):
+            starred = ", ".join(
+                _plain(n) for n, g in zip(names(groups), groups, strict=True) if g.evals_meaningful is False
+            )
+            figure.supxlabel(
+                f"inference and CLIP figures NOT MEANINGFUL for: {starred}", color=_NOTE_COLOR, fontsize=8
+            )
+        return _svg(figure)
+
+
 def all_plots(groups: list[GroupResult]) -> list[Plot]:
-    return [
+    shown = [
         eval_loss(groups),
         Plot("Throughput", throughput(groups)),
         Plot("Time to train and cost", time_to_train(groups)),
         Plot("Scaling", scaling(groups)),
     ]
+    if any(g.fine_tuning for g in groups):
+        shown.insert(1, Plot(FINE_TUNING_LOSS_TITLE, fine_tuning_loss(groups)))
+    side = [g for g in groups if g.fine_tuning or g.evals]
+    if side:
+        shown.append(Plot(SIDE_BY_SIDE_TITLE, side_by_side(side), wide=True))
+    return shown

@@ -11,7 +11,8 @@ unconverged gives none, else the mean without the lowest and highest, given at l
 Fine-tuning runs (a run directory whose train.mode is 'lora' or 'finetune') are no MLPerf result: never
 checked, never scored. GPU-hours and cost come from the olympic score when there is one, else from the
 measured run times (run_stop - run_start), so every group with a run time, accelerators and a price
-has a cost.
+has a cost. A fine-tuning group also gets the means over its runs of images/s, step time and best and
+final validation loss (from each run's metrics file, see ``finetune``), and its peak memory.
 """
 
 import math
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flux_cluster.report.discover import GroupSource
+from flux_cluster.report.evaluation import EvalResult
 from flux_cluster.report.harvest import RunResult, to_json
 from flux_cluster.training.flops import FLUX_SCHNELL, training_flops_per_sample
 
@@ -68,6 +70,26 @@ class GroupResult:
     total_gpu_hours: float | None = None
     """Every run with a measured time, together."""
     total_cost_usd: float | None = None
+    images_per_s: float | None = None
+    """Fine-tuning groups only, from here on: the mean over runs (peak memory: the most)."""
+    images_per_s_per_accelerator: float | None = None
+    step_time_ms: float | None = None
+    best_eval_loss: float | None = None
+    final_eval_loss: float | None = None
+    peak_memory_gb: float | None = None
+    evals: list[EvalResult] = field(default_factory=list)
+    """The run directory's flux-cluster evaluate results (results/eval_<k>.json)."""
+    inference_p50_s: float | None = None
+    """From here on, means over evals: the fine-tuned model's latency per image where measured, else
+    the base model's; CLIP scores and validation losses of both."""
+    inference_p99_s: float | None = None
+    inference_images_per_s: float | None = None
+    clip_score_base: float | None = None
+    clip_score_tuned: float | None = None
+    val_loss_base: float | None = None
+    val_loss_tuned: float | None = None
+    evals_meaningful: bool | None = None
+    """False when any of its evaluations says its figures mean nothing (a tiny random-init model)."""
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -77,6 +99,7 @@ class GroupResult:
     def to_json(self) -> dict[str, Any]:
         document = {k: v for k, v in self.__dict__.items() if k != "runs"}
         document["runs"] = [to_json(run) for run in self.runs]
+        document["evals"] = [e.to_json() for e in self.evals]
         return document
 
 
@@ -107,6 +130,7 @@ def score_group(
     checked: bool,
     price: float | None = None,
     peak_tflops: float | None = None,
+    evals: list[EvalResult] | None = None,
 ) -> GroupResult:
     """Score one group's runs. ``checked``: compliance ran, so a failed check drops the run."""
     accelerators = source.accelerators or _agreed(r.accelerators_from_log for r in runs)
@@ -188,7 +212,44 @@ def score_group(
             group.throughput_per_accelerator = group.throughput_samples_per_s / accelerators
         mfus = [r.mfu for r in with_throughput if r.mfu is not None]
         group.mfu = statistics.fmean(mfus) if mfus else None
+    if group.fine_tuning:
+        _fine_tuning_figures(group)
+    if evals:
+        _eval_figures(group, evals)
     return group
+
+
+def _mean(values: list[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return statistics.fmean(found) if found else None
+
+
+def _eval_figures(group: GroupResult, evals: list[EvalResult]) -> None:
+    group.evals = evals
+    latencies = [e.latency for e in evals]
+    group.inference_p50_s = _mean([x.p50_s for x in latencies if x])
+    group.inference_p99_s = _mean([x.p99_s for x in latencies if x])
+    group.inference_images_per_s = _mean([x.images_per_s for x in latencies if x])
+    group.clip_score_base = _mean([e.clip_base for e in evals])
+    group.clip_score_tuned = _mean([e.clip_tuned for e in evals])
+    group.val_loss_base = _mean([e.val_loss_base for e in evals])
+    group.val_loss_tuned = _mean([e.val_loss_tuned for e in evals])
+    group.evals_meaningful = all(e.meaningful for e in evals)
+
+
+def _fine_tuning_figures(group: GroupResult) -> None:
+    runs = [r.fine_tuning for r in group.runs if r.fine_tuning is not None]
+
+    def values(name: str) -> list[float]:
+        return [v for v in (getattr(r, name) for r in runs) if v is not None]
+
+    for name in ("images_per_s", "step_time_ms", "best_eval_loss", "final_eval_loss"):
+        found = values(name)
+        setattr(group, name, statistics.fmean(found) if found else None)
+    memory = values("peak_memory_gb")
+    group.peak_memory_gb = max(memory) if memory else None
+    if group.images_per_s is not None and group.accelerators:
+        group.images_per_s_per_accelerator = group.images_per_s / group.accelerators
 
 
 def _per_accelerator(run: RunResult, flops_per_sample: float | None, peak_tflops: float | None) -> None:

@@ -101,7 +101,7 @@ def _describe(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": _sha256(path)}
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
     return int(path.name.removeprefix(_PREFIX))
 
 
@@ -123,7 +123,7 @@ class Checkpointer:
             for p in self.folder.iterdir()
             if p.name.startswith(_PREFIX) and p.name.removeprefix(_PREFIX).isdigit() and p.is_dir()
         ]
-        return sorted(found, key=_step_of)
+        return sorted(found, key=step_of)
 
     def latest(self) -> Path | None:
         done = self.committed()

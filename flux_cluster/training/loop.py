@@ -1,11 +1,14 @@
-"""The flux1 training loop, top to bottom: set-up, resume, train in blocks between evaluations, stop at the
-quality target, checkpoint on signals. ``python -m flux_cluster.train`` calls ``train`` on every rank.
+"""The training loop, top to bottom: set-up, resume, train in blocks between evaluations, stop at the
+quality target (flux1) or after the epochs (fine-tuning, keeping the best weights), checkpoint on signals.
+``python -m flux_cluster.train`` calls ``train`` on every rank.
 
 One step: every rank takes micro-batches from its Energon loader (CFG dropout applied there), samples
 latents and noise from its own generator, and regresses the rectified-flow velocity; gradients are
 averaged by FSDP across all ranks, clipped to norm 1.0, and AdamW steps with linear warmup. Every
 ``eval_every_steps`` the MLPerf validation loss is computed over all of val; at or below the target
-the run stops with status success.
+the run stops with status success. A fine-tuning workload evaluates at the end of every epoch (and every
+``eval_every_steps`` if set), keeps the weights with the lowest validation loss as diffusers-loadable
+``results/best_<i>/``, and ends after ``epochs`` with a checkpoint to resume from.
 """
 
 import json
@@ -31,17 +34,19 @@ from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
 from flux_cluster.jobs.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.rundir import lock_repeat
 from flux_cluster.training.attention import attention_backend, probe_backend
-from flux_cluster.training.checkpoint import Checkpointer, CheckpointError
+from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, step_of
 from flux_cluster.training.flops import training_flops_per_sample
-from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM, MlperfLog, RunFacts
+from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.model import (
     add_lora,
     build_model,
+    load_lora_init,
     lora_metadata,
     lora_state_dict,
     predict_velocity,
     save_lora,
 )
+from flux_cluster.training.optimizers import build_optimizer
 from flux_cluster.training.parallelize import make_mesh, parallelize
 from flux_cluster.training.peak import measure_gemm_peak
 from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
@@ -86,6 +91,47 @@ class Progress:
     """(samples, validation loss) of every evaluation so far."""
     attempt: int = 0
     """How many times this repeat was started (0: the first)."""
+    best: tuple[int, float] | None = None
+    """Fine-tuning: (step, validation loss) of the weights saved as best so far."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When to evaluate and when to stop, in optimizer steps."""
+
+    eval_every_steps: int | None
+    steps_per_epoch: int | None
+    """Fine-tuning: steps in one pass over the train split (an evaluation ends each epoch)."""
+    max_steps: int
+    target: float | None
+
+    @classmethod
+    def of(cls, plan: TrainingPlan, train_samples: int | None) -> "Schedule":
+        cfg = plan.train
+        if not plan.fine_tuning:
+            assert cfg.max_samples is not None and cfg.eval_every_steps is not None
+            return cls(
+                cfg.eval_every_steps, None, math.ceil(cfg.max_samples / cfg.global_batch_size), cfg.target
+            )
+        if not train_samples:
+            raise SystemExit("error: the dataset has no train samples (.nv-meta/.info.json); encode it again")
+        per_epoch = max(1, train_samples // cfg.global_batch_size)
+        return cls(cfg.eval_every_steps, per_epoch, per_epoch * plan.epochs, cfg.target)
+
+    def evaluates_after(self, step: int) -> bool:
+        return any(step % n == 0 for n in (self.eval_every_steps, self.steps_per_epoch) if n)
+
+    def block_steps(self, step: int) -> int:
+        """Steps of the training block starting after ``step``: up to the next evaluation (flux1: always
+        eval_every_steps, as MLPerf logs it; fine-tuning: at most to the end of the epoch)."""
+        if self.steps_per_epoch is None:
+            assert self.eval_every_steps is not None
+            return self.eval_every_steps
+        ends = [n - step % n for n in (self.eval_every_steps, self.steps_per_epoch) if n]
+        return min(ends)
+
+    def epoch(self, step: int) -> float | None:
+        return step / self.steps_per_epoch if self.steps_per_epoch else None
 
 
 def train(ctx: JobContext) -> int:
@@ -113,8 +159,11 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     if rank0:  # a restart, with or without a checkpoint, starts a new result log
         _set_aside_interrupted_log(ctx.result_log)
     mllog = MlperfLog(ctx.result_log, enabled=rank0, echo=False)
-    mllog.header(_run_facts(ctx), ctx.system.mlperf.ruleset, ctx.cache_cleared)
-    mllog.event("target_accuracy", value=cfg.target)  # no constant for it
+    train_samples = _split_size(ctx.data_dir, "train")
+    schedule = Schedule.of(plan, train_samples)
+    mllog.header(_run_facts(ctx, train_samples), ctx.system.mlperf.ruleset, ctx.cache_cleared)
+    if schedule.target is not None:
+        mllog.event("target_accuracy", value=schedule.target)  # no constant for it
 
     # ---- model, sharding, optimizer, data
     dtype = getattr(torch, cfg.param_dtype)
@@ -122,6 +171,11 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     model = build_model(plan.model_args, cfg.pretrained_path if cfg.mode != "pretrain" else None)
     if cfg.mode == "lora":
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+        if cfg.lora_init:
+            try:
+                load_lora_init(model, Path(cfg.lora_init), cfg.lora_rank, cfg.lora_targets)
+            except FluxClusterError as exc:
+                raise SystemExit(f"error: {exc}") from None
     mesh = make_mesh(info.device, plan.dp_replicate, plan.dp_shard)
     parallelize(
         model,
@@ -133,15 +187,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         precision=cfg.precision,
     )
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=plan.learning_rate,
-        betas=(ADAMW["beta_1"], ADAMW["beta_2"]),
-        eps=ADAMW["epsilon"],
-        weight_decay=ADAMW["weight_decay"],
-        # Multi-tensor kernels: far fewer (DTensor) dispatches than one update per parameter.
-        **({"fused": True} if info.device.type == "cuda" else {"foreach": True}),
-    )
+    optimizer = build_optimizer(cfg.optimizer, params, plan.learning_rate, info.device)
     warmup = plan.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -165,8 +211,13 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         except CheckpointError as exc:
             raise SystemExit(f"error: {exc}") from None
         scheduler.load_state_dict(shared["scheduler"])
+        best = shared.get("best")
         progress = Progress(
-            shared["step"], shared["samples"], [tuple(e) for e in shared["evals"]], shared["attempt"] + 1
+            shared["step"],
+            shared["samples"],
+            [tuple(e) for e in shared["evals"]],
+            shared["attempt"] + 1,
+            (int(best[0]), float(best[1])) if best else None,
         )
         generator.set_state(mine["generator"])
         torch.set_rng_state(mine["torch_rng"])
@@ -203,21 +254,23 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         f"{len(params)} trainable tensors), {info.world_size} ranks "
         f"({plan.dp_replicate} x {plan.dp_shard} HSDP), global batch {cfg.global_batch_size} = "
         f"{cfg.micro_batch_size} x {info.world_size} x {plan.grad_accum_steps}, "
-        f"lr {plan.learning_rate:g}, warmup {warmup}, eval every {plan.eval_every_steps} steps",
+        f"{cfg.optimizer} lr {plan.learning_rate:g}, warmup {warmup}, {_eval_policy(schedule)}",
     )
     mllog.end(c.INIT_STOP)
     mllog.start(c.RUN_START)
 
-    # ---- train, in blocks of eval_every_steps, evaluating after each
+    # ---- train, in blocks between evaluations
     batches = iter(loader)
     stop_poll = _StopPoll(stop, cfg.checkpoint_every_minutes * 60 if rank0 else 0)
     saved_period = 0
     model.train()
-    status = None
-    block_samples = plan.eval_every_steps * cfg.global_batch_size
+    status = None if progress.step < schedule.max_steps else "success"  # resumed after the last epoch
     in_block = False
+    tuning = cfg.mode != "pretrain"  # keeps the best weights (results/best_<i>/) and reports a summary
+    started = time.perf_counter()
     while status is None:
         if not in_block:  # also right after a resume in the middle of a block
+            block_samples = schedule.block_steps(progress.step) * cfg.global_batch_size
             mllog.start(c.BLOCK_START, metadata={"samples_count": block_samples, "step": progress.step})
             in_block = True
         loss, grad_norm, data_wait = _train_step(
@@ -228,15 +281,22 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         progress.samples += cfg.global_batch_size
         meter.record(progress, loss, grad_norm, data_wait, scheduler.get_last_lr()[0], tensorboard)
 
-        if progress.step % plan.eval_every_steps == 0:
+        if schedule.evaluates_after(progress.step):
             mllog.end(c.BLOCK_STOP, metadata={"samples_count": block_samples, "step": progress.step})
             in_block = False
-            eval_loss = _evaluate(model, ctx, info, dtype, mllog, progress)
-            meter.record_eval(progress, eval_loss, tensorboard)
-            if eval_loss <= cfg.target:
+            meter.pause()
+            epoch = schedule.epoch(progress.step)
+            eval_loss = _evaluate(model, ctx, info, dtype, mllog, progress, epoch)
+            if tuning and (progress.best is None or eval_loss < progress.best[1]):
+                progress.best = (progress.step, eval_loss)
+                _save_weights(
+                    model, ctx, info, f"best_{ctx.exp_index}", f"best (validation loss {eval_loss:.4f})"
+                )
+            meter.record_eval(progress, eval_loss, epoch, tensorboard)
+            if schedule.target is not None and eval_loss <= schedule.target:
                 status = "success"
-        if status is None and progress.samples >= plan.max_samples:
-            status = "aborted"
+        if status is None and progress.step >= schedule.max_steps:
+            status = "success" if plan.fine_tuning else "aborted"
         agreed = stop_poll.poll() if status is None else _Agreed(False, False, 0)
         if agreed.requested:
             meter.flush()
@@ -258,11 +318,14 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     # ---- finish
     meter.flush()
     stop_poll.close()
-    del lock
     mllog.run_stop(success=status == "success", samples=progress.samples)
     mllog.close()
-    if cfg.mode != "pretrain":
-        _save_weights(model, ctx, info)
+    if tuning:  # the last state, to resume from or train further (the best weights are saved already)
+        latest = checkpoints.latest()
+        if latest is None or step_of(latest) != progress.step:
+            _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
+        meter.summary(progress, schedule, time.perf_counter() - started, cfg.optimizer)
+    del lock
     if tensorboard is not None:
         tensorboard.close()
     last = progress.evals[-1][1] if progress.evals else float("nan")
@@ -322,6 +385,7 @@ def _evaluate(
     dtype: torch.dtype,
     mllog: MlperfLog,
     progress: Progress,
+    epoch: float | None = None,
 ) -> float:
     """The MLPerf validation loss over all of val, logged as eval_accuracy."""
     meta = {"samples_count": progress.samples, "step": progress.step}
@@ -341,7 +405,7 @@ def _evaluate(
         info.device,
     )
     model.train()
-    mllog.eval_accuracy(loss, progress.samples)
+    mllog.eval_accuracy(loss, progress.samples, epoch)
     mllog.end(c.EVAL_STOP, metadata=meta)
     assert progress.evals is not None
     progress.evals.append((progress.samples, loss))
@@ -361,6 +425,7 @@ def _save(
         "samples": progress.samples,
         "evals": progress.evals,
         "attempt": progress.attempt,
+        "best": progress.best,
         "scheduler": scheduler.state_dict(),
     }
     mine = {
@@ -371,9 +436,10 @@ def _save(
     checkpoints.save(progress.step, model, optimizer, shared, mine)
 
 
-def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo) -> None:
-    """Fine-tuning output: the LoRA adapter (diffusers format), or the full transformer (save_pretrained)."""
-    out = ctx.run_dir / "results" / f"weights_{ctx.exp_index}"
+def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo, name: str, what: str) -> None:
+    """Fine-tuning output in results/<name>: the LoRA adapter (diffusers format), or the full transformer
+    (save_pretrained). A collective: every rank calls it; rank 0 writes, then renames into place."""
+    out = ctx.run_dir / "results" / name
     partial = out.with_name(out.name + ".partial")
     if ctx.plan.train.mode == "lora":
         state = lora_state_dict(model)
@@ -381,7 +447,7 @@ def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo) -> No
             shutil.rmtree(partial, ignore_errors=True)
             path = save_lora(state, lora_metadata(model), partial)
             _commit(partial, out)
-            _say(True, f"LoRA adapter: {out / path.name}")
+            _say(True, f"{what}: LoRA adapter {out / path.name}")
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -392,7 +458,7 @@ def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo) -> No
         shutil.rmtree(partial, ignore_errors=True)
         plain.save_pretrained(partial)
         _commit(partial, out)
-        _say(True, f"fine-tuned transformer: {out}")
+        _say(True, f"{what}: transformer {out}")
 
 
 def _commit(partial: Path, final: Path) -> None:
@@ -427,21 +493,24 @@ def _set_aside_interrupted_log(result_log: Path) -> None:
     result_log.rename(folder / f"{result_log.stem}.attempt{attempt}.txt")
 
 
-def _run_facts(ctx: JobContext) -> RunFacts:
+def _run_facts(ctx: JobContext, train_samples: int | None) -> RunFacts:
     from flux_cluster.mlperf_rules import closed_division_deviations
     from flux_cluster.training.workload import load_workload
 
-    cfg, system = ctx.plan.train, ctx.system
+    cfg, system, mlperf = ctx.plan.train, ctx.system, ctx.plan.mlperf
     precision = "bfloat16" if cfg.param_dtype == "bfloat16" else "fp32"
-    train_samples = _split_size(ctx.data_dir, "train") or ctx.plan.mlperf.train_samples
-    eval_samples = _split_size(ctx.data_dir, "val") or ctx.plan.mlperf.eval_samples
-    deviations = closed_division_deviations(
-        cfg.model_dump(),
-        ctx.plan.mlperf.model_dump(),
-        load_workload(cfg.benchmark)[0].batch_presets.keys(),
-        train_samples,
-        eval_samples,
-    )
+    eval_samples = _split_size(ctx.data_dir, "val")
+    deviations = []
+    if mlperf is not None:
+        train_samples = train_samples or mlperf.train_samples
+        eval_samples = eval_samples or mlperf.eval_samples
+        deviations = closed_division_deviations(
+            cfg.model_dump(),
+            mlperf.model_dump(),
+            load_workload(cfg.benchmark)[0].batch_presets.keys(),
+            train_samples,
+            eval_samples,
+        )
     return RunFacts(
         submission_org=system.mlperf.submission_org,
         submission_platform=system.name,
@@ -449,8 +518,8 @@ def _run_facts(ctx: JobContext) -> RunFacts:
         micro_batch_size=cfg.micro_batch_size,
         learning_rate=ctx.plan.learning_rate,
         warmup_steps=ctx.plan.warmup_steps,
-        train_samples=train_samples,
-        eval_samples=eval_samples,
+        train_samples=train_samples or 0,
+        eval_samples=eval_samples or 0,
         config_filename=ctx.config_filename,
         division="closed" if cfg.mode == "pretrain" else "open",
         gradient_accumulation_steps=ctx.plan.grad_accum_steps,
@@ -458,8 +527,10 @@ def _run_facts(ctx: JobContext) -> RunFacts:
         precision_attn=precision,
         precision_comm=precision,
         seed=ctx.seed,
-        eval_every_steps=ctx.plan.eval_every_steps,
+        eval_every_steps=cfg.eval_every_steps,
         deviations=tuple(deviations),
+        optimizer=cfg.optimizer,
+        benchmark="flux1" if mlperf is not None else cfg.benchmark,
     )
 
 
@@ -526,6 +597,13 @@ class _StopPoll:
         dist.destroy_process_group(self.group)
 
 
+def _eval_policy(schedule: Schedule) -> str:
+    parts = [f"every {schedule.eval_every_steps} steps"] if schedule.eval_every_steps else []
+    if schedule.steps_per_epoch:
+        parts.append(f"every epoch ({schedule.steps_per_epoch} steps), {schedule.max_steps} steps in all")
+    return "eval " + " and ".join(parts)
+
+
 def _say(enabled: bool, message: str) -> None:
     if enabled:
         print(f"[train] {message}", flush=True)
@@ -552,6 +630,10 @@ class _Meter:
         self.peak_tflops = ctx.system.peak_bf16_tflops
         self.measured_peak_tflops = measured_peak_tflops
         self.window_start = time.perf_counter()
+        self.window_paused_s = 0.0
+        """Time inside the window spent evaluating: not training throughput."""
+        self.timed_s, self.timed_steps = 0.0, 0
+        """Training time and steps of the closed windows: the run's throughput."""
         self.window_steps = 0
         self.window_data_wait = 0.0
         self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
@@ -600,9 +682,7 @@ class _Meter:
         mean_loss = self.window_loss.clone()
         dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / self.window_steps / self.info.world_size
-        if self.info.device.type == "cuda":
-            torch.cuda.synchronize(self.info.device)
-        elapsed = time.perf_counter() - self.window_start
+        elapsed = self._window_seconds()
         step_time = elapsed / self.window_steps
         samples_per_s = self.ctx.plan.train.global_batch_size / step_time
         tflops = self.flops_per_sample * samples_per_s / self.info.world_size / 1e12
@@ -631,7 +711,10 @@ class _Meter:
                 ("train/peak_memory_gb", memory),
             ):
                 tb.add_scalar(name, value, progress.samples)
+        self.timed_s += elapsed
+        self.timed_steps += self.window_steps
         self.window_start, self.window_steps, self.window_data_wait = time.perf_counter(), 0, 0.0
+        self.window_paused_s = 0.0
         self.window_loss.zero_()
 
     def flush(self) -> None:
@@ -654,18 +737,76 @@ class _Meter:
             )
         self.pending.clear()
 
-    def record_eval(self, progress: Progress, loss: float, tb: Any) -> None:
+    def _window_seconds(self) -> float:
+        """Training seconds in the current window, the GPU's work included."""
+        if self.info.device.type == "cuda":
+            torch.cuda.synchronize(self.info.device)
+        return time.perf_counter() - self.window_start - self.window_paused_s
+
+    def pause(self) -> None:
+        """Before an evaluation: what follows until record_eval is not training time."""
+        if self.info.device.type == "cuda":
+            torch.cuda.synchronize(self.info.device)
+        self.paused_at = time.perf_counter()
+
+    def record_eval(self, progress: Progress, loss: float, epoch: float | None, tb: Any) -> None:
+        self.window_paused_s += time.perf_counter() - self.paused_at
         self.flush()
-        self._write({"step": progress.step, "samples": progress.samples, "eval_loss": loss})
+        record: dict[str, Any] = {"step": progress.step, "samples": progress.samples, "eval_loss": loss}
+        shown = ""
+        if epoch is not None:
+            record["epoch"] = round(epoch, 4)
+            shown = f" | epoch {epoch:g}"
+        self._write(record)
         if self.info.rank == 0:
             print(
-                f"eval  {progress.step:>6} | samples {progress.samples:>11,} | validation loss {loss:.4f}",
+                f"eval  {progress.step:>6} | samples {progress.samples:>11,}{shown} | "
+                f"validation loss {loss:.4f}",
                 flush=True,
             )
         if tb is not None:
             tb.add_scalar("eval/loss", loss, progress.samples)
             tb.flush()
-        self.window_start = time.perf_counter()  # eval time is not training throughput
+
+    def summary(self, progress: Progress, schedule: "Schedule", wall_s: float, optimizer: str) -> None:
+        """Fine-tuning: the figures the fine-tuning benchmarks report, as the metrics file's last record and
+        one line. Throughput counts this attempt's training steps only (no evaluation, no set-up)."""
+        if self.window_steps:
+            self.timed_s += self._window_seconds()
+            self.timed_steps += self.window_steps
+            self.window_steps = 0
+        gbs = self.ctx.plan.train.global_batch_size
+        images_per_s = self.timed_steps * gbs / self.timed_s if self.timed_s else math.nan
+        step_ms = self.timed_s / self.timed_steps * 1000 if self.timed_steps else math.nan
+        memory = torch.tensor([_peak_memory_gb(self.info.device)], dtype=torch.float64)
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        evals = progress.evals or []
+        best_step, best_loss = progress.best or (0, math.nan)
+        summary = {
+            "images_per_s": images_per_s,
+            "step_time_ms": step_ms,
+            "train_seconds": wall_s,
+            "epochs": round(schedule.epoch(progress.step) or 0, 4),
+            "steps": progress.step,
+            "samples": progress.samples,
+            "best_eval_loss": best_loss,
+            "best_step": best_step,
+            "final_eval_loss": evals[-1][1] if evals else math.nan,
+            "peak_memory_gb": memory.item(),
+            "world_size": self.info.world_size,
+            "optimizer": optimizer,
+        }
+        self._write({"summary": summary})
+        price = self.ctx.system.price_per_gpu_hour
+        gpu_hours = wall_s / 3600 * self.info.world_size
+        cost = f", ${gpu_hours * price:,.2f} at ${price:g}/GPU-hour" if price else ""
+        _say(
+            self.info.rank == 0,
+            f"fine-tuned {summary['epochs']:g} epochs in {wall_s:,.1f} s: {images_per_s:,.1f} images/s, "
+            f"step {step_ms:,.1f} ms, best validation loss {best_loss:.4f} (step {best_step}), final "
+            f"{summary['final_eval_loss']:.4f}, peak memory {summary['peak_memory_gb']:.2f} GB, "
+            f"{gpu_hours:.4g} GPU-hours{cost}",
+        )
 
 
 def _peak_memory_gb(device: torch.device) -> float:

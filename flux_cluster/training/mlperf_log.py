@@ -68,6 +68,10 @@ class RunFacts:
     """Steps between evals; None: the closed division's."""
     deviations: tuple[Deviation, ...] = ()
     """How the settings break the closed-division rules (flux_cluster.mlperf_rules)."""
+    benchmark: str = "flux1"
+    """The workload: flux1, or a fine-tuning workload's name (no MLPerf benchmark)."""
+    optimizer: str = "adamw"
+    """train.optimizer: the closed division allows only 'adamw' with the ADAMW settings."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1 or self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
@@ -82,18 +86,19 @@ def header_events(facts: RunFacts, ruleset: Ruleset) -> Iterator[tuple[str, Any]
     yield c.SUBMISSION_PLATFORM, facts.submission_platform
     yield c.SUBMISSION_DIVISION, facts.division
     yield c.SUBMISSION_STATUS, "onprem"
-    yield c.SUBMISSION_BENCHMARK, c.FLUX1
+    yield c.SUBMISSION_BENCHMARK, facts.benchmark
     if facts.seed is not None:
         yield c.SEED, facts.seed
     yield c.GLOBAL_BATCH_SIZE, facts.global_batch_size
     yield c.GRADIENT_ACCUMULATION_STEPS, facts.gradient_accumulation_steps
     frequency = evaluation_frequency(ruleset, facts.global_batch_size, facts.eval_every_steps)
     yield "evaluation_frequency", frequency  # no constant for it
-    yield c.OPT_NAME, "adamw"
-    yield c.OPT_ADAMW_BETA_1, ADAMW["beta_1"]
-    yield c.OPT_ADAMW_BETA_2, ADAMW["beta_2"]
-    yield c.OPT_ADAMW_EPSILON, ADAMW["epsilon"]
-    yield c.OPT_ADAMW_WEIGHT_DECAY, ADAMW["weight_decay"]
+    yield c.OPT_NAME, facts.optimizer
+    if facts.optimizer != "prodigy":  # AdamW's settings (8-bit AdamW keeps them); Prodigy has its own
+        yield c.OPT_ADAMW_BETA_1, ADAMW["beta_1"]
+        yield c.OPT_ADAMW_BETA_2, ADAMW["beta_2"]
+        yield c.OPT_ADAMW_EPSILON, ADAMW["epsilon"]
+        yield c.OPT_ADAMW_WEIGHT_DECAY, ADAMW["weight_decay"]
     yield c.OPT_BASE_LR, facts.learning_rate
     yield "opt_learning_rate_warmup_steps", facts.warmup_steps
     yield "opt_gradient_clip_norm", GRADIENT_CLIP_NORM
@@ -156,8 +161,11 @@ class MlperfLog:
             reasons = "; ".join(d.reason for d in facts.deviations)
             print(f"[train] NON-CONFORMING: not an MLPerf closed-division result: {reasons}", flush=True)
 
-    def eval_accuracy(self, loss: float, samples: int) -> None:
-        self.event(c.EVAL_ACCURACY, value=loss, metadata={"samples_count": samples})
+    def eval_accuracy(self, loss: float, samples: int, epoch: float | None = None) -> None:
+        metadata: dict[str, Any] = {"samples_count": samples}
+        if epoch is not None:
+            metadata["epoch_num"] = round(epoch, 4)
+        self.event(c.EVAL_ACCURACY, value=loss, metadata=metadata)
 
     def run_stop(self, success: bool, samples: int) -> None:
         status = c.SUCCESS if success else c.ABORTED

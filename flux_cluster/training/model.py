@@ -6,6 +6,9 @@ carry (0, row, column) position ids, text tokens zeros. diffusers scales the tim
 
 from pathlib import Path
 
+import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
+
+# isort: split
 import torch
 from diffusers import FluxTransformer2DModel
 
@@ -162,3 +165,63 @@ def save_lora(state_dict: dict[str, torch.Tensor], metadata: dict, folder: Path)
         safe_serialization=True,
     )
     return folder / LORA_FILE
+
+
+def load_lora_init(model: torch.nn.Module, path: Path, rank: int, targets: list[str]) -> None:
+    """Start the adapters add_lora made from a diffusers LoRA file (as save_lora writes it); call it
+    before parallelize. The file's rank and adapted modules must be what the config asks for."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from flux_cluster.errors import FluxClusterError
+
+    where = f"train.lora_init: {path}"
+    try:
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as exc:
+        raise FluxClusterError(f"{where}: not a readable safetensors file ({exc})") from None
+    adapters: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        module, _, part = key.removeprefix("transformer.").rpartition(".lora_")
+        if module and part in ("A.weight", "B.weight"):
+            adapters.setdefault(module, {})[part[0]] = value
+    if not adapters:
+        raise FluxClusterError(f"{where}: no LoRA weights in it (keys 'transformer.<module>.lora_A.weight')")
+    ranks = sorted({int(pair["A"].shape[0]) for pair in adapters.values() if "A" in pair})
+    found = sorted({_target_of(module, targets) for module in adapters})
+    if ranks != [rank] or found != sorted(set(targets)):
+        raise FluxClusterError(
+            f"{where}: rank {', '.join(map(str, ranks)) or '?'} and targets {found} in the file; "
+            f"train.lora_rank {rank} and train.lora_targets {sorted(set(targets))} configured"
+        )
+    params = dict(model.named_parameters())
+    adapted = {name.rsplit(".lora_A.", 1)[0] for name in params if ".lora_A." in name}
+    missing, extra = sorted(adapted - set(adapters)), sorted(set(adapters) - adapted)
+    if missing or extra or any(len(pair) != 2 for pair in adapters.values()):
+        incomplete = sorted(module for module, pair in adapters.items() if len(pair) != 2)
+        raise FluxClusterError(
+            f"{where}: does not fit the model: no adapter for {missing[:3]}, modules the model lacks "
+            f"{extra[:3]}, lora_A or lora_B missing for {incomplete[:3]}"
+        )
+    pairs = [
+        (params[f"{module}.lora_{part}.{LORA_ADAPTER}.weight"], value, f"{module}.lora_{part}.weight")
+        for module, pair in adapters.items()
+        for part, value in pair.items()
+    ]
+    for param, value, name in pairs:  # all checked before any is loaded
+        if param.shape != value.shape:
+            raise FluxClusterError(
+                f"{where}: {name} is {list(value.shape)} in the file; the model's is {list(param.shape)}"
+            )
+    with torch.no_grad():
+        for param, value, _ in pairs:
+            param.copy_(value)
+
+
+def _target_of(module: str, targets: list[str]) -> str:
+    """The configured target (peft's suffix match) a module name answers to, else its own last name."""
+    for target in targets:
+        if module == target or module.endswith(f".{target}"):
+            return target
+    parts = module.split(".")
+    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]

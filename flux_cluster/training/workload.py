@@ -6,10 +6,10 @@ that does not split over the ranks) is a one-line error before anything is queue
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.config.training import TrainConfig
@@ -69,19 +69,41 @@ class ModelArgs(_Strict):
         )
 
 
+class FinetuneFacts(_Strict):
+    """A fine-tuning workload's defaults: passes over the data, not a quality target, end the run."""
+
+    epochs: int = Field(ge=1)
+    learning_rate: dict[Literal["lora", "finetune", "prodigy"], float]
+    """Default peak learning rate by train.mode, and for the prodigy optimizer (which scales it itself)."""
+    warmup_steps: int = Field(ge=0)
+
+
 class Workload(_Strict):
-    mlperf: MlperfFacts
-    batch_presets: dict[int, BatchPreset]
-    models: dict[str, ModelArgs]
+    kind: Literal["mlperf", "finetune"] = "mlperf"
+    mlperf: MlperfFacts | None = None
+    finetune: FinetuneFacts | None = None
+    batch_presets: dict[int, BatchPreset] = {}
+    models: dict[str, ModelArgs] = {}
+    """Model shape presets; a fine-tuning workload without its own uses flux1's (a pretrained checkpoint
+    brings its own shape anyway)."""
+
+    @model_validator(mode="after")
+    def _sections(self) -> "Workload":
+        if getattr(self, self.kind) is None:
+            raise ValueError(f"a workload of kind {self.kind!r} needs a {self.kind!r} section")
+        return self
 
 
 class TrainingPlan(_Strict):
     """Everything the ranks need beyond the system config, fully resolved."""
 
     train: TrainConfig
-    """The system's train section with every None filled in."""
+    """The system's train section with every None filled in (for fine-tuning: eval_every_steps, max_samples
+    and target may stay None: evaluation every epoch, the epochs end the run)."""
     model_args: ModelArgs
-    mlperf: MlperfFacts
+    mlperf: MlperfFacts | None
+    """The MLPerf facts (kind 'mlperf' workloads only)."""
+    kind: Literal["mlperf", "finetune"] = "mlperf"
     world_size: int
     dp_shard: int
     dp_replicate: int
@@ -99,14 +121,13 @@ class TrainingPlan(_Strict):
         return self.train.warmup_steps
 
     @property
-    def eval_every_steps(self) -> int:
-        assert self.train.eval_every_steps is not None
-        return self.train.eval_every_steps
+    def fine_tuning(self) -> bool:
+        return self.kind == "finetune"
 
     @property
-    def max_samples(self) -> int:
-        assert self.train.max_samples is not None
-        return self.train.max_samples
+    def epochs(self) -> int:
+        assert self.train.epochs is not None
+        return self.train.epochs
 
 
 def load_workload(name: str) -> tuple[Workload, Path]:
@@ -130,13 +151,12 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
     """The system's train section filled from its workload file and checked against its ranks."""
     train = system.train
     workload, path = load_workload(train.benchmark)
+    if workload.kind == "finetune":
+        return _resolve_finetune(system, workload, path)
+    assert workload.mlperf is not None
     world = system.nodes * system.gpus_per_node
     gbs, mbs = train.global_batch_size, train.micro_batch_size
-    if gbs % (mbs * world):
-        raise FluxClusterError(
-            f"train.global_batch_size: {gbs} does not split over {world} ranks x micro_batch_size {mbs}; "
-            f"expected a multiple of {mbs * world}"
-        )
+    _check_split(gbs, mbs, world)
     preset = workload.batch_presets.get(gbs)
     if preset is None and (train.learning_rate is None or train.warmup_steps is None):
         sizes = ", ".join(map(str, sorted(workload.batch_presets)))
@@ -144,11 +164,7 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
             f"train.global_batch_size: no preset for {gbs} in {path.name} (presets: {sizes}); "
             "set train.learning_rate and train.warmup_steps"
         )
-    if train.model not in workload.models:
-        raise FluxClusterError(f"train.model: {train.model!r} is not a model of {path.name}")
-    dp_shard = train.dp_shard or system.gpus_per_node
-    if world % dp_shard:
-        raise FluxClusterError(f"train.dp_shard: {dp_shard} does not divide the {world} ranks")
+    dp_shard = _dp_shard(system, world)
     filled = _with(
         train,
         learning_rate=preset.learning_rate if preset else None,
@@ -156,10 +172,11 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
         eval_every_steps=math.ceil(workload.mlperf.eval_interval_samples / gbs),
         eval_batch_size=mbs,
         max_samples=workload.mlperf.max_samples,
+        target=workload.mlperf.quality_target,
     )
     return TrainingPlan(
         train=filled,
-        model_args=workload.models[train.model],
+        model_args=_model_args(train.model, workload, path),
         mlperf=workload.mlperf,
         world_size=world,
         dp_shard=dp_shard,
@@ -167,3 +184,59 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
         grad_accum_steps=gbs // (mbs * world),
         workload_file=path.name,
     )
+
+
+def _resolve_finetune(system: SystemConfig, workload: Workload, path: Path) -> TrainingPlan:
+    """A fine-tuning workload: a pretrained checkpoint, epochs over the user's data, no batch presets."""
+    train = system.train
+    assert workload.finetune is not None
+    if train.mode == "pretrain":
+        raise FluxClusterError(
+            f"train.mode: 'pretrain' does not fine-tune; workload {path.name} needs 'lora' or 'finetune' "
+            "(and train.pretrained_path)"
+        )
+    world = system.nodes * system.gpus_per_node
+    gbs, mbs = train.global_batch_size, train.micro_batch_size
+    _check_split(gbs, mbs, world)
+    rates = workload.finetune.learning_rate
+    filled = _with(
+        train,
+        learning_rate=rates["prodigy"] if train.optimizer == "prodigy" else rates[train.mode],
+        warmup_steps=workload.finetune.warmup_steps,
+        epochs=workload.finetune.epochs,
+        eval_batch_size=mbs,
+    )
+    dp_shard = _dp_shard(system, world)
+    return TrainingPlan(
+        train=filled,
+        model_args=_model_args(train.model, workload, path),
+        mlperf=None,
+        kind="finetune",
+        world_size=world,
+        dp_shard=dp_shard,
+        dp_replicate=world // dp_shard,
+        grad_accum_steps=gbs // (mbs * world),
+        workload_file=path.name,
+    )
+
+
+def _check_split(gbs: int, mbs: int, world: int) -> None:
+    if gbs % (mbs * world):
+        raise FluxClusterError(
+            f"train.global_batch_size: {gbs} does not split over {world} ranks x micro_batch_size {mbs}; "
+            f"expected a multiple of {mbs * world}"
+        )
+
+
+def _dp_shard(system: SystemConfig, world: int) -> int:
+    dp_shard = system.train.dp_shard or system.gpus_per_node
+    if world % dp_shard:
+        raise FluxClusterError(f"train.dp_shard: {dp_shard} does not divide the {world} ranks")
+    return dp_shard
+
+
+def _model_args(name: str, workload: Workload, path: Path) -> ModelArgs:
+    models = workload.models or load_workload("flux1")[0].models
+    if name not in models:
+        raise FluxClusterError(f"train.model: {name!r} is not a model of {path.name}")
+    return models[name]

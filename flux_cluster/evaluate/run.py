@@ -1,0 +1,420 @@
+"""The evaluation itself: the base pipeline, then the same pipeline with the fine-tuned weights, each timed
+over the same prompts and seeds, scored with CLIP and (for a run) on the run's validation split; the
+results as the JSON the report reads (results/eval_<k>.json) and a PNG grid of the samples."""
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
+from flux_cluster.errors import FluxClusterError, write_error
+from flux_cluster.evaluate import KIND, SCHEMA, first_line
+from flux_cluster.evaluate.clip import ClipScorer, find_clip
+from flux_cluster.evaluate.grid import grid_png
+from flux_cluster.evaluate.latency import Latency, measure_latency
+from flux_cluster.evaluate.target import Target, is_pipeline, resolve_target
+
+if TYPE_CHECKING:
+    import torch
+    from diffusers import FluxPipeline
+    from PIL.Image import Image
+
+DEFAULT_PROMPTS = (
+    "a photo of a red fox sitting in fresh snow, morning light",
+    "a bowl of ramen with a soft-boiled egg, top view",
+    "a lighthouse on a rocky coast during a storm",
+    "a watercolor painting of a city street in the rain",
+    "a close-up portrait of an old fisherman, black and white",
+    "a modern living room with large windows and plants",
+    "an astronaut riding a bicycle on the moon",
+    "a bookshelf full of colorful books in a cozy library",
+)
+MEANINGFUL_PARAMETERS = 1_000_000_000
+"""Below this the transformer is a toy (the tiny or small preset), not a FLUX.1 model."""
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    target: Path
+    model: Path | None = None
+    prompts: Path | None = None
+    runs: int = 100
+    warmup: int = 2
+    steps: int | None = None
+    guidance: float | None = None
+    resolution: int = 512
+    max_sequence_length: int | None = None
+    clip: Path | None = None
+    exp: int = 0
+    output: Path | None = None
+    seed: int = 0
+    system: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    steps: int
+    guidance: float
+    resolution: int
+    max_sequence_length: int
+
+
+@dataclass
+class Measured:
+    latency: Latency
+    images: list["Image"]
+    val_loss: float | None
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    document: dict[str, Any]
+    json_path: Path
+    grid_path: Path
+
+
+def read_prompts(path: Path | None) -> list[str]:
+    """One prompt per line; blank lines and lines starting with '#' are skipped."""
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise FluxClusterError(f"--prompts {path}: not UTF-8 text: expected one prompt per line") from None
+    except OSError as exc:
+        raise FluxClusterError(f"--prompts {path}: cannot read it ({exc.strerror})") from None
+    prompts = [line.strip() for line in text.splitlines()]
+    prompts = [p for p in prompts if p and not p.startswith("#")]
+    if not prompts:
+        raise FluxClusterError(f"--prompts {path}: no prompts in it: expected one prompt per line")
+    return prompts
+
+
+def pipeline_folder(target: Target, model: Path | None) -> Path:
+    if target.weights is None:  # TARGET is a pipeline: the base model alone
+        assert target.pipeline is not None
+        if model is not None and model.resolve() != target.pipeline.resolve():
+            raise FluxClusterError(
+                f"TARGET {target.path} is a pipeline and --model names another ({model}): give one of them"
+            )
+        return target.pipeline
+    chosen = model or target.pipeline
+    if chosen is None:
+        raise FluxClusterError(
+            f"TARGET {target.path}: --model PIPELINE_DIR is needed (the local FLUX pipeline the weights were "
+            "tuned from)"
+        )
+    if not is_pipeline(chosen):
+        raise FluxClusterError(
+            f"--model {chosen}: not a FLUX pipeline folder (model_index.json naming a transformer)"
+        )
+    return chosen
+
+
+def evaluate(options: EvalOptions, log: Callable[[str], None] = print) -> EvalResult:
+    target = resolve_target(options.target, options.exp)
+    pipeline = pipeline_folder(target, options.model)
+    prompts = read_prompts(options.prompts)
+    clip_folder = find_clip(pipeline, options.clip)
+    json_path, grid_path = output_paths(target, options.output)  # checked before the slow part
+
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    pipe = _load_pipeline(pipeline, device, dtype)
+    if target.weights is not None:  # before the base model runs: a misfit is found in seconds
+        check = _check_lora_fits if target.weights_kind == "lora" else _check_transformer_fits
+        check(pipe.transformer, target.weights, pipeline)
+    settings = _settings(pipe, options)
+    log(
+        f"evaluating {target.path} on {device.type}: {options.warmup} warm-up + {options.runs} timed "
+        f"generations per model, {settings.steps} steps, {settings.resolution}px, {len(prompts)} prompts"
+    )
+    base = _measure(pipe, prompts, settings, options, target, device, dtype)
+    log(f"base: p50 {base.latency.p50_s:.3f} s, {base.latency.images_per_s:.2f} images/s")
+    tuned = None
+    if target.weights is not None:
+        assert target.weights_kind is not None
+        _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype)
+        tuned = _measure(pipe, prompts, settings, options, target, device, dtype)
+        log(f"tuned: p50 {tuned.latency.p50_s:.3f} s, {tuned.latency.images_per_s:.2f} images/s")
+    parameters = sum(p.numel() for p in pipe.transformer.parameters())
+    del pipe
+    scorer = ClipScorer.load(clip_folder, pipeline, device)
+    clip_base = scorer.score(base.images, prompts)
+    clip_tuned = scorer.score(tuned.images, prompts) if tuned else None
+
+    reasons = []
+    if device.type != "cuda":
+        reasons.append(f"measured on {device.type}, not a GPU")
+    if parameters < MEANINGFUL_PARAMETERS:
+        reasons.append(f"a toy-sized transformer ({parameters:,} parameters), not FLUX.1")
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "kind": KIND,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "system": options.system,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "model": str(pipeline.absolute()),
+        "target": str(target.path.absolute()),
+        "weights": str(target.weights.absolute()) if target.weights else None,
+        "weights_kind": target.weights_kind,
+        "meaningful": not reasons,
+        "meaningful_reason": "; ".join(reasons) or None,
+        "settings": {
+            "steps": settings.steps,
+            "guidance": settings.guidance,
+            "resolution": settings.resolution,
+            "runs": options.runs,
+            "warmup": options.warmup,
+            "prompts": len(prompts),
+            "seed": options.seed,
+        },
+        "latency": {"base": base.latency.to_json(), "tuned": tuned.latency.to_json() if tuned else None},
+        "clip_score": {"base": clip_base, "tuned": clip_tuned, "clip_model": str(clip_folder.absolute())},
+        "val_loss": None
+        if base.val_loss is None
+        else {"base": base.val_loss, "tuned": tuned.val_loss if tuned else None},
+        "grid": None,
+    }
+    columns = [("base", base.images)] + ([("tuned", tuned.images)] if tuned else [])
+    json_path, grid_path = _write(document, grid_png(columns, prompts), json_path, grid_path)
+    return EvalResult(document, json_path, grid_path)
+
+
+def _load_pipeline(folder: Path, device: "torch.device", dtype: "torch.dtype") -> "FluxPipeline":
+    from diffusers import FluxPipeline
+
+    from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
+
+    try:
+        with no_progress_bars(), held_transformers_logs():
+            pipe = FluxPipeline.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise FluxClusterError(
+            f"--model {folder}: cannot load it as a FLUX pipeline ({first_line(exc)})"
+        ) from None
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device)
+
+
+def _settings(pipe: "FluxPipeline", options: EvalOptions) -> Settings:
+    """Defaults by model: FLUX.1-dev (guidance-distilled) 28 steps at guidance 3.5 and 512 T5 tokens;
+    FLUX.1-schnell 4 steps, no guidance, 256 tokens (as Black Forest Labs run them)."""
+    dev = bool(pipe.transformer.config.guidance_embeds)
+    return Settings(
+        steps=options.steps or (28 if dev else 4),
+        guidance=options.guidance if options.guidance is not None else (3.5 if dev else 0.0),
+        resolution=options.resolution,
+        max_sequence_length=options.max_sequence_length or (512 if dev else 256),
+    )
+
+
+def _measure(
+    pipe: "FluxPipeline",
+    prompts: list[str],
+    settings: Settings,
+    options: EvalOptions,
+    target: Target,
+    device: "torch.device",
+    dtype: "torch.dtype",
+) -> Measured:
+    """Prompt p always gets seed + p: base and tuned images of a prompt start from the same noise, and
+    every generation of it is the same image, which is scored and drawn."""
+    import torch
+
+    images: dict[int, Image] = {}
+
+    def generate(i: int) -> None:
+        p = i % len(prompts)
+        generator = torch.Generator("cpu").manual_seed(options.seed + p)  # the same noise on any device
+        image = pipe(
+            prompts[p],
+            height=settings.resolution,
+            width=settings.resolution,
+            num_inference_steps=settings.steps,
+            guidance_scale=settings.guidance,
+            max_sequence_length=settings.max_sequence_length,
+            generator=generator,
+            output_type="pil",
+        ).images[0]
+        images.setdefault(p, image)
+
+    cuda = device.type == "cuda"
+    latency = measure_latency(
+        generate,
+        runs=options.runs,
+        warmup=options.warmup,
+        synchronize=(lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None),
+        reset_peak_memory=(lambda: torch.cuda.reset_peak_memory_stats(device)) if cuda else (lambda: None),
+        peak_memory_gb=(lambda: torch.cuda.max_memory_allocated(device) / 1e9) if cuda else (lambda: None),
+    )
+    for p in range(len(prompts)):  # prompts the timed runs did not reach
+        if p not in images:
+            generate(p)
+    val_loss = _val_loss(pipe.transformer, target, device, dtype) if target.data_root else None
+    return Measured(latency, [images[p] for p in range(len(prompts))], val_loss)
+
+
+def _val_loss(
+    transformer: "torch.nn.Module", target: Target, device: "torch.device", dtype: "torch.dtype"
+) -> float:
+    """The MLPerf validation loss on the run's val split, as the fine-tuning run computed it."""
+    from data_prep.loader import val_loader
+    from flux_cluster.training.model import predict_velocity
+    from flux_cluster.training.rectified_flow import validation_loss
+
+    assert target.data_root is not None
+    loss, _ = validation_loss(
+        lambda x_t, t, t5, clip: predict_velocity(
+            transformer, x_t, t, t5, clip, dtype, target.train_guidance
+        ),
+        val_loader(target.data_root, batch_size=4, rank=0, world_size=1),
+        device,
+    )
+    return loss
+
+
+def _apply_weights(
+    pipe: "FluxPipeline",
+    weights: Path,
+    kind: str,
+    pipeline: Path,
+    device: "torch.device",
+    dtype: "torch.dtype",
+) -> None:
+    """The fine-tuned weights into the base pipeline: a LoRA through diffusers' load_lora_weights, a
+    transformer folder in place of the base transformer. Weights that do not fit are one line."""
+    from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
+
+    if kind == "lora":
+        _check_lora_fits(pipe.transformer, weights, pipeline)
+        try:
+            with no_progress_bars(), held_transformers_logs():
+                pipe.load_lora_weights(weights.parent, weight_name=weights.name)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise FluxClusterError(
+                f"{weights}: the LoRA does not fit the model {pipeline} ({first_line(exc)})"
+            ) from None
+        if not any(".lora_A." in name for name, _ in pipe.transformer.named_parameters()):
+            # diffusers skips keys that name no layer of the model with a warning, and loads nothing
+            raise FluxClusterError(
+                f"{weights}: the LoRA does not fit the model {pipeline} (no layer of it loaded)"
+            )
+        pipe.fuse_lora()  # merged into the weights, as a LoRA is served: no extra work per step
+        return
+    from diffusers import FluxTransformer2DModel
+
+    _check_transformer_fits(pipe.transformer, weights, pipeline)
+    try:
+        with no_progress_bars(), held_transformers_logs():
+            tuned = FluxTransformer2DModel.from_pretrained(weights, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise FluxClusterError(
+            f"{weights}: cannot load it as a FLUX transformer ({first_line(exc)})"
+        ) from None
+    pipe.transformer = tuned.to(device)
+
+
+def _check_transformer_fits(base: "torch.nn.Module", weights: Path, pipeline: Path) -> None:
+    """A fine-tuned transformer folder of the same model: the shapes the pipeline's encoders feed it."""
+    config = json.loads((weights / "config.json").read_text())
+    keys = ("in_channels", "joint_attention_dim", "pooled_projection_dim", "guidance_embeds")
+    differ = [k for k in keys if config.get(k) != base.config.get(k)]  # type: ignore[operator]
+    if differ:
+        raise FluxClusterError(
+            f"{weights}: the transformer does not fit the model {pipeline} ({', '.join(differ)} differ)"
+        )
+
+
+def _check_lora_fits(transformer: "torch.nn.Module", weights: Path, pipeline: Path) -> None:
+    """Every layer a diffusers-format LoRA adapts exists in the transformer with the LoRA's shapes: checked
+    from the file's header before anything is generated (peft's own error comes after the base model ran,
+    as a table of every mismatch). Other formats (kohya, ...) are left to diffusers' converters."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(weights, framework="pt") as handle:
+            shapes = {key: handle.get_slice(key).get_shape() for key in handle.keys()}  # noqa: SIM118
+    except Exception as exc:  # safetensors raises its own error type for a file that is not one
+        raise FluxClusterError(f"{weights}: not a safetensors file ({first_line(exc)})") from None
+    for key, a_shape in shapes.items():
+        if not (key.startswith("transformer.") and key.endswith(".lora_A.weight")):
+            continue
+        layer = key.removeprefix("transformer.").removesuffix(".lora_A.weight")
+        b_shape = shapes.get(f"transformer.{layer}.lora_B.weight")
+        try:
+            module = transformer.get_submodule(layer)
+        except AttributeError:
+            module = None
+        in_features, out_features = (
+            getattr(module, "in_features", None),
+            getattr(module, "out_features", None),
+        )
+        fits = b_shape is not None and len(a_shape) == len(b_shape) == 2 and a_shape[0] == b_shape[1]
+        if module is None or not fits or (a_shape[1], b_shape[0]) != (in_features, out_features):  # type: ignore[index]
+            has = "no such layer" if module is None else f"the layer is {in_features} -> {out_features}"
+            raise FluxClusterError(
+                f"{weights}: the LoRA does not fit the model {pipeline}: {layer}: A {list(a_shape)}, "
+                f"B {list(b_shape or [])}, {has}"
+            )
+
+
+def output_paths(target: Target, output: Path | None) -> tuple[Path, Path]:
+    """A run's results/eval_<k>.json (k fixed when written), else --output (default ./eval.json); the
+    grid beside it."""
+    if target.run_dir is not None:
+        if output is not None:
+            raise FluxClusterError(
+                f"--output: TARGET {target.path} is a run directory, whose results/ gets eval_<k>.json"
+            )
+        json_path = target.run_dir / "results" / "eval_{k}.json"
+    else:
+        json_path = (output or Path("eval.json")).absolute()
+        if json_path.suffix != ".json" or json_path.is_dir():
+            raise FluxClusterError(f"--output {output}: expected a file name ending in .json")
+    return json_path, json_path.with_name(json_path.stem + "_grid.png")
+
+
+def _write(document: dict[str, Any], png: bytes, json_path: Path, grid_path: Path) -> tuple[Path, Path]:
+    """The grid first, then the JSON naming it, each atomically. In a run, k is the first index free for
+    both files; the grid is linked into place without replacing anything, so two evaluations finishing at
+    once never take the same k."""
+    from flux_cluster.atomic import write_atomic
+
+    folder = json_path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if "{k}" not in json_path.name:
+            write_atomic(grid_path, png)
+            write_atomic(json_path, _dumps({**document, "grid": grid_path.name}))
+            return json_path, grid_path
+        tmp = folder / f".eval-grid.{os.getpid()}.tmp"
+        write_atomic(tmp, png)
+        try:
+            k = 0
+            while True:
+                json_k = folder / json_path.name.format(k=k)
+                grid_k = folder / grid_path.name.format(k=k)
+                if not json_k.exists():
+                    try:
+                        os.link(tmp, grid_k)
+                        break
+                    except FileExistsError:
+                        pass
+                k += 1
+        finally:
+            tmp.unlink(missing_ok=True)
+        write_atomic(json_k, _dumps({**document, "grid": grid_k.name}))
+    except OSError as exc:
+        raise write_error(folder, exc) from exc
+    return json_k, grid_k
+
+
+def _dumps(document: dict[str, Any]) -> str:
+    return json.dumps(document, indent=1, allow_nan=False) + "\n"

@@ -1,0 +1,104 @@
+"""What `flux-cluster evaluate TARGET` points at: a run directory, fine-tuned weights, or a pipeline."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.evaluate import first_line
+
+WeightsKind = Literal["lora", "transformer"]
+LORA_FILE = "pytorch_lora_weights.safetensors"  # flux_cluster.training.model.LORA_FILE, without torch
+
+
+@dataclass(frozen=True)
+class Target:
+    path: Path
+    run_dir: Path | None
+    """Set when TARGET is a run directory: results go to its results/ folder."""
+    weights: Path | None
+    """The LoRA .safetensors file or the transformer folder; None for a base model alone."""
+    weights_kind: WeightsKind | None
+    pipeline: Path | None
+    """A pipeline the target itself names: TARGET as a pipeline folder, or a run's train.pretrained_path."""
+    data_root: Path | None = None
+    """A run's dataset when it is here (an Energon root): its val split gives the validation loss."""
+    train_guidance: float = 3.5
+    """The guidance a run validated with (guidance-distilled models only)."""
+
+
+def _json_object(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_pipeline(folder: Path) -> bool:
+    data = _json_object(folder / "model_index.json")
+    return data is not None and "transformer" in data
+
+
+def _is_transformer(folder: Path) -> bool:
+    data = _json_object(folder / "config.json")
+    return data is not None and data.get("_class_name") == "FluxTransformer2DModel"
+
+
+def weights_in(folder: Path) -> tuple[Path, WeightsKind] | None:
+    """A LoRA file or a transformer save_pretrained folder in folder, if it holds one."""
+    if (folder / LORA_FILE).is_file():
+        return folder / LORA_FILE, "lora"
+    if _is_transformer(folder):
+        return folder, "transformer"
+    loras = sorted(folder.glob("*.safetensors"))
+    if len(loras) == 1 and not (folder / "config.json").exists():
+        return loras[0], "lora"
+    return None
+
+
+def resolve_target(path: Path, exp: int) -> Target:
+    from flux_cluster.rundir import CONFIG_FILE
+
+    expected = (
+        "expected a run directory (config.yaml, results/best_<i>/), LoRA weights (.safetensors file or its "
+        "folder), a fine-tuned transformer folder, or a FLUX pipeline folder (model_index.json)"
+    )
+    if not path.exists():
+        raise FluxClusterError(f"TARGET {path}: does not exist: {expected}")
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise FluxClusterError(f"TARGET {path}: not a .safetensors file: {expected}")
+        return Target(path, None, path, "lora", None)
+    if (path / CONFIG_FILE).is_file():
+        return _run_target(path, exp)
+    if is_pipeline(path):
+        return Target(path, None, None, None, path)
+    found = weights_in(path)
+    if found is None:
+        raise FluxClusterError(f"TARGET {path}: nothing to evaluate in this folder: {expected}")
+    return Target(path, None, found[0], found[1], None)
+
+
+def _run_target(run_dir: Path, exp: int) -> Target:
+    from flux_cluster.rundir import CONFIG_FILE, read_run_config
+
+    try:
+        system, _job = read_run_config(run_dir / CONFIG_FILE)
+    except (KeyError, TypeError, ValueError) as exc:  # another version's or a hand-edited config.yaml
+        raise FluxClusterError(
+            f"{run_dir / CONFIG_FILE}: not a flux-cluster run config ({first_line(exc)})"
+        ) from None
+    best = run_dir / "results" / f"best_{exp}"
+    found = weights_in(best) if best.is_dir() else None
+    if found is None:
+        raise FluxClusterError(
+            f"{run_dir}: no fine-tuned weights in results/best_{exp}/ (expected {LORA_FILE} or a "
+            "transformer folder, written at a fine-tuning run's first evaluation; --exp picks a repeat)"
+        )
+    pretrained = system.train.pretrained_path
+    pipeline = Path(pretrained) if pretrained and is_pipeline(Path(pretrained)) else None
+    root = system.paths.data_root
+    data_root = Path(root) if root and (Path(root) / ".nv-meta").is_dir() else None
+    return Target(run_dir, run_dir, found[0], found[1], pipeline, data_root, system.train.guidance_scale)

@@ -1,0 +1,158 @@
+"""A fine-tuning run's metrics_<i>.jsonl, streamed once, into the figures its log does not give.
+
+The training loop writes a header line (model FLOPs per sample, world size), a line per step, a line per
+evaluation ({"step", "samples", "eval_loss", "epoch"}) and, when the run ends, a summary line
+({"summary": {...}}). A run killed early has no summary: its figures then come from the evaluation and
+step lines, else from the log. The file comes from an untrusted folder: it is read in bounded chunks
+(harvest's reader, lines over MAX_LINE_BYTES skipped), and every oddity is one warning line naming the
+file, never an exception.
+"""
+
+import json
+import reprlib
+from pathlib import Path
+from typing import Any
+
+from flux_cluster.report.discover import side_file
+from flux_cluster.report.harvest import (
+    MAX_LINE_BYTES,
+    EvalPoint,
+    FineTuningRun,
+    RunResult,
+    bounded_lines,
+    finite_number,
+    non_negative,
+    whole_number,
+)
+
+_NUMBERS = (
+    "images_per_s", "step_time_ms", "train_seconds", "epochs", "best_eval_loss", "final_eval_loss",
+    "peak_memory_gb",
+)  # fmt: skip
+_COUNTS = ("steps", "samples", "best_step", "world_size")
+MAX_OPTIMIZER_CHARS = 200
+MAX_CURVE_POINTS = 100_000
+"""Evaluations kept per run (a real run has hundreds): a crafted file cannot fill memory with them."""
+
+
+def read_fine_tuning(log: Path, run: RunResult) -> FineTuningRun:
+    """The fine-tuning figures of the run whose log is results/result_<i>.txt; warnings go on run."""
+    metrics = side_file(log, "metrics_", ".jsonl")
+    best = side_file(log, "best_")
+    result = FineTuningRun(best_weights=str(best) if best.is_dir() else None)
+    summary: dict[str, Any] = {}
+    curve: dict[int, EvalPoint] = {}
+    last_step: dict[str, Any] = {}
+    if metrics.is_file():  # not a FIFO: a read would block
+        result.metrics_file = str(metrics)
+        try:
+            summary = _scan(metrics, run, curve, last_step, result)
+        except OSError as exc:
+            run.warnings.append(f"{metrics}: unreadable ({exc.strerror or exc})")
+    else:
+        run.warnings.append(f"{metrics}: missing, so the figures come from the log alone")
+    if result.metrics_file and not summary:
+        run.warnings.append(f"{metrics}: no summary line (interrupted run?): figures from its other lines")
+    _take_summary(summary, result, run, metrics)
+    _fall_back(result, run, curve, last_step)
+    return result
+
+
+def _scan(
+    path: Path,
+    run: RunResult,
+    curve: dict[int, EvalPoint],
+    last_step: dict[str, Any],
+    result: FineTuningRun,
+) -> dict[str, Any]:
+    """Fill curve and last_step from the file; its last summary, or {}."""
+    summary: dict[str, Any] = {}
+    long_lines = not_objects = bad_losses = past_cap = 0
+    for line in bounded_lines(path):
+        if isinstance(line, int):
+            long_lines += 1
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        if not isinstance(record, dict):
+            not_objects += 1
+            continue
+        if isinstance(record.get("summary"), dict):
+            summary = record["summary"]  # the training loop writes it last; a resumed run's last wins
+        elif "eval_loss" in record:
+            samples, loss = whole_number(record.get("samples")), record["eval_loss"]
+            if samples is None or not finite_number(loss):
+                bad_losses += 1
+            elif len(curve) >= MAX_CURVE_POINTS:
+                past_cap += 1
+            elif samples not in curve:  # first wins, as in the log
+                step, epoch = whole_number(record.get("step")), non_negative(record.get("epoch"))
+                curve[samples] = EvalPoint(step, samples, epoch, float(loss))
+        elif "step" in record:
+            last_step.clear()
+            last_step.update(record)
+        elif "world_size" in record and result.world_size is None:  # the header
+            result.world_size = whole_number(record["world_size"], 1)
+    if long_lines:
+        run.warnings.append(f"{path}: {long_lines} line(s) over {MAX_LINE_BYTES >> 10} KiB skipped")
+    if not_objects:
+        run.warnings.append(f"{path}: {not_objects} line(s) that are no JSON object skipped")
+    if bad_losses:
+        run.warnings.append(
+            f"{path}: {bad_losses} evaluation(s) with a loss that is not a finite number skipped"
+        )
+    if past_cap:
+        run.warnings.append(f"{path}: {past_cap} evaluation(s) past the first {MAX_CURVE_POINTS:,} skipped")
+    return summary
+
+
+def _take_summary(summary: dict[str, Any], result: FineTuningRun, run: RunResult, path: Path) -> None:
+    """Each summary figure that is what the contract says; one warning per one that is not."""
+    result.summary = bool(summary)
+    for key in (*_NUMBERS, *_COUNTS, "optimizer"):
+        if key not in summary:
+            continue
+        value = summary[key]
+        if key in _NUMBERS:
+            good = non_negative(value)
+            expected = "a finite number >= 0"
+        elif key in _COUNTS:
+            good, expected = whole_number(value), "a whole number >= 0"
+        else:
+            good = value if isinstance(value, str) and 0 < len(value) <= MAX_OPTIMIZER_CHARS else None
+            expected = "a text"
+        if good is None:
+            run.warnings.append(f"{path}: summary.{key}: got {reprlib.repr(value)}, expected {expected}")
+        else:
+            setattr(result, key, good)
+
+
+def _fall_back(
+    result: FineTuningRun, run: RunResult, curve: dict[int, EvalPoint], last_step: dict[str, Any]
+) -> None:
+    """What the summary did not give: from the evaluation and step lines, else from the log."""
+    if not curve:  # no evaluation lines: the log's eval_accuracy events
+        curve = {s: EvalPoint(None, s, run.eval_epochs.get(s), loss) for s, loss in run.eval_curve}
+    result.curve = [curve[s] for s in sorted(curve)]
+    points = result.curve
+    if points:
+        best = min(points, key=lambda p: p.loss)
+        if result.best_eval_loss is None:
+            result.best_eval_loss, result.best_step = best.loss, best.step
+        if result.final_eval_loss is None:
+            result.final_eval_loss = points[-1].loss
+        epochs = [p.epoch for p in points if p.epoch is not None]
+        if result.epochs is None and epochs:
+            result.epochs = max(epochs)
+    if result.steps is None:
+        result.steps = whole_number(last_step.get("step")) or (points[-1].step if points else None)
+    if result.samples is None:
+        result.samples = whole_number(last_step.get("samples")) or (points[-1].samples if points else None)
+    if result.images_per_s is None:
+        result.images_per_s = run.throughput_samples_per_s  # the log's training blocks, evals excluded
+    if result.step_time_ms is None and result.images_per_s and result.steps and result.samples:
+        result.step_time_ms = result.samples / result.steps / result.images_per_s * 1000
+    if result.world_size is None:
+        result.world_size = run.accelerators_from_log

@@ -1,0 +1,254 @@
+"""flux-cluster report on flux-cluster evaluate results (issue 15): eval_<k>.json and its grid read into the
+report, environments side by side with --price SYSTEM=USD, and the shipped single-machine cloud systems.
+The eval files are written here as the contract says evaluate writes them; the runs as in
+test_report_finetune (in process: no training, no browser; the HTML in a browser is test_report's)."""
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+from rich.console import Console
+from test_report_finetune import fine_tuning_run, two_systems
+from typer.testing import CliRunner
+
+from flux_cluster.cli import app
+from flux_cluster.report.build import Options, build
+from flux_cluster.report.evaluation import MAX_GRID_BYTES
+from flux_cluster.report.formats import print_tables, render_csv, render_json, render_markdown
+from flux_cluster.report.html import render_html
+
+__all__ = ["two_systems"]  # test_report_finetune's fixture: systems a (8 GPUs, $2) and b (4 GPUs, $3)
+
+CLOUD_SYSTEMS = ("aws_p5", "gcp_a3_highgpu", "azure_nd_h100_v5", "ondemand_h100x8")
+
+
+def _latency(p50: float, **changes: Any) -> dict[str, Any]:
+    latency = {
+        "p50_s": p50, "p90_s": p50 * 1.1, "p99_s": p50 * 1.2, "mean_s": p50 * 1.05,
+        "images_per_s": 1 / p50, "peak_memory_gb": 30.5, "samples": 100,
+    }  # fmt: skip
+    return {**latency, **changes}
+
+
+def eval_document(**changes: Any) -> dict[str, Any]:
+    document = {
+        "schema": 1, "kind": "flux-cluster-eval", "created": "2026-11-23T10:00:00+00:00", "system": "a",
+        "device": "NVIDIA H100 80GB HBM3", "model": "/models/FLUX.1-schnell", "target": "runs/a",
+        "weights": "runs/a/results/best_0", "weights_kind": "lora", "meaningful": True,
+        "meaningful_reason": None,
+        "settings": {"steps": 4, "guidance": 0.0, "resolution": 512, "runs": 100, "warmup": 2, "prompts": 8,
+                     "seed": 0},
+        "latency": {"base": _latency(0.5), "tuned": _latency(0.6)},
+        "clip_score": {"base": 30.25, "tuned": 31.5, "clip_model": "openai/clip-vit-large-patch14"},
+        "val_loss": {"base": 0.52, "tuned": 0.44}, "grid": "eval_0_grid.png",
+    }  # fmt: skip
+    return {**document, **changes}
+
+
+def png(path: Path, size: tuple[int, int] = (64, 32)) -> Path:
+    Image.new("RGB", size, (200, 30, 30)).save(path, format="PNG")
+    return path
+
+
+def write_eval(run: Path, k: int = 0, with_grid: bool = True, **changes: Any) -> Path:
+    results = run / "results"
+    path = results / f"eval_{k}.json"
+    path.write_text(json.dumps(eval_document(**{"grid": f"eval_{k}_grid.png", **changes})))
+    if with_grid:
+        png(results / f"eval_{k}_grid.png")
+    return path
+
+
+def test_eval_results_are_read_into_every_format(two_systems: tuple[Path, Path]) -> None:
+    a, b = two_systems
+    write_eval(a)
+    write_eval(b, 0, system="b", latency={"base": _latency(0.25), "tuned": _latency(0.3)})
+    tiny = {"latency": {"base": _latency(0.35), "tuned": None}, "clip_score": {"base": 20.0, "tuned": None,
+            "clip_model": "x"}, "val_loss": None, "grid": None}  # fmt: skip
+    write_eval(
+        b, 1, with_grid=False, system="b", meaningful=False, meaningful_reason="tiny random-init", **tiny
+    )
+    ga, gb = build([a, b], Options(check=False))
+
+    (e,) = ga.evals
+    assert e.meaningful and e.weights_kind == "lora" and e.settings["steps"] == 4 and e.base and e.tuned
+    assert e.base.p50_s == 0.5 and e.tuned.p99_s == pytest.approx(0.72) and e.tuned.samples == 100
+    assert e.clip_base == 30.25 and e.clip_tuned == 31.5 and e.val_loss_tuned == 0.44
+    assert e.grid == str(a / "results" / "eval_0_grid.png") and e.grid_data_uri
+    assert e.grid_data_uri.startswith("data:image/png;base64,iVBORw0KGgo")
+    assert ga.inference_p50_s == 0.6 and ga.inference_p99_s == pytest.approx(0.72)  # the tuned model's
+    assert ga.clip_score_base == 30.25 and ga.clip_score_tuned == 31.5 and ga.evals_meaningful
+    # b: means over its two evals; the second measured the base model only and means nothing
+    assert gb.inference_p50_s == pytest.approx((0.3 + 0.35) / 2) and gb.clip_score_tuned == 31.5
+    assert gb.clip_score_base == pytest.approx((30.25 + 20.0) / 2) and gb.evals_meaningful is False
+    assert gb.val_loss_base == 0.52 and gb.evals[1].grid is None and gb.evals[1].val_loss_base is None
+    assert "eval_1.json: figures NOT MEANINGFUL: tiny random-init" in gb.warnings
+    assert not any("eval_0" in w for w in ga.warnings + gb.warnings), ga.warnings + gb.warnings
+
+    document = json.loads(render_json([ga, gb]))
+    evals = document["groups"][0]["evals"]
+    assert evals[0]["tuned"]["p50_s"] == 0.6 and evals[0]["clip_tuned"] == 31.5
+    assert "grid_data_uri" not in evals[0] and evals[0]["grid"].endswith("eval_0_grid.png")
+    rows = {r["system"]: r for r in csv.DictReader(io.StringIO(render_csv([ga, gb])))}
+    assert (
+        float(rows["a"]["inference_p99_s"]) == pytest.approx(0.72)
+        and rows["b"]["evals_meaningful"] == "False"
+    )
+
+    markdown = render_markdown([ga, gb])
+    side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
+    header = [c.strip() for c in side[0].strip("|").split("|")]
+    cells = {r[0]: dict(zip(header, r, strict=True)) for r in (
+        [c.strip() for c in line.strip("|").split("|")] for line in side[2:])}  # fmt: skip
+    assert (
+        cells["a"]["p50 s"] == "0.6" and cells["a"]["p99 s"] == "0.72" and cells["a"]["CLIP tuned"] == "31.5"
+    )
+    star = "&#42;"  # * (not meaningful), as Markdown shows it
+    assert cells["b"]["p50 s"] == "0.325" + star and cells["b"]["CLIP base"] == "25.12" + star
+    table = markdown.split("### Evaluations")[2].split("\n\n")[1]  # b's
+    assert "| eval_1.json | NO: tiny random-init |" in table and "| 0.35 | - |" in table
+
+    out = io.StringIO()
+    print_tables([ga, gb], Console(file=out, width=250), checked=False)
+    assert "Evaluations: b" in out.getvalue() and "NO: tiny random-init" in out.getvalue()
+
+    page = render_html([ga, gb], checked=False)
+    section = page.split('id="evaluations"')[1].split("<h2")[0]
+    assert section.count('<img src="data:image/png;base64,') == 2  # a's and b's eval_0; b's eval_1 has none
+    assert "eval_0.json: base vs fine-tuned images" in section and "NO: tiny random-init" in section
+    assert "Inference p50 / CLIP" in page and 'aria-label="Environments side by side' in page
+
+
+def _hostile(run: Path) -> dict[str, str]:
+    """Hostile eval files in run/results; the warning each must give."""
+    results = run / "results"
+    nan = eval_document(clip_score={"base": math.nan, "tuned": "high", "clip_model": ["x"]})
+    (results / "eval_0.json").write_text(json.dumps(nan))  # json writes NaN, as Python's json reads it
+    latency = {"base": _latency(-1, samples=2.5), "tuned": "fast"}
+    types = eval_document(
+        meaningful="yes", weights_kind="full", settings=[1], latency=latency, grid="../../x.png"
+    )
+    (results / "eval_1.json").write_text(json.dumps(types))
+    (results / "eval_2.json").write_text('{"a": "' + "x" * (2 << 20) + '"}')  # over the read cap
+    (results / "eval_3.json").write_text(json.dumps(eval_document(grid="eval_3_grid.png")))
+    (results / "eval_3_grid.png").write_bytes(b"<svg onload=alert(1)>" + b"x" * 100)  # not a PNG
+    (results / "eval_4.json").write_text(json.dumps(eval_document(grid="eval_4_grid.png")))
+    with (results / "eval_4_grid.png").open("wb") as handle:  # a PNG's header, then past the size cap
+        handle.write(png(results / "small.png").read_bytes())
+        handle.truncate(MAX_GRID_BYTES + 1)
+    (results / "eval_5.json").write_text(json.dumps(eval_document(kind="other")))
+    (results / "eval_6.json").write_text(json.dumps(eval_document(schema=2)))
+    (results / "eval_7.json").write_text("[1, 2")
+    (results / "eval_8.json").write_text(json.dumps(eval_document(grid="eval_8_grid.png")))  # grid missing
+    e = results
+    return {
+        "0": f"{e / 'eval_0.json'}: clip_score.base: got nan, expected a finite number >= 0",
+        "0t": f"{e / 'eval_0.json'}: clip_score.tuned: got 'high', expected a finite number >= 0",
+        "0m": f"{e / 'eval_0.json'}: clip_score.clip_model: got ['x'], expected a text of at most 500 "
+        "characters or null",
+        "1": f"{e / 'eval_1.json'}: meaningful: got 'yes', expected true or false (taken as false)",
+        "1k": f"{e / 'eval_1.json'}: weights_kind: got 'full', expected one of ('lora', 'transformer') "
+        "or null",
+        "1s": f"{e / 'eval_1.json'}: settings: got [1], expected an object",
+        "1p": f"{e / 'eval_1.json'}: latency.base.p50_s: got -1, expected a finite number >= 0",
+        "1n": f"{e / 'eval_1.json'}: latency.base.samples: got 2.5, expected a whole number >= 1",
+        "1t": f"{e / 'eval_1.json'}: latency.tuned: got 'fast', expected an object or null",
+        "1g": f"{e / 'eval_1.json'}: grid: got '../../x.png', expected null or a file name eval_<k>_grid.png "
+        "beside the JSON",
+        "2": f"{e / 'eval_2.json'}: not readable JSON (over 1 MiB); skipped",
+        "3": f"{e / 'eval_3.json'}: grid: eval_3_grid.png is not a PNG image; not shown",
+        "4": f"{e / 'eval_4.json'}: grid: eval_4_grid.png is over 8 MiB; not shown",
+        "5": f"{e / 'eval_5.json'}: kind: expected 'flux-cluster-eval' (a flux-cluster evaluate result); "
+        "skipped",
+        "6": f"{e / 'eval_6.json'}: schema: got 2, expected 1; skipped",
+        "7": f"{e / 'eval_7.json'}: not readable JSON (JSONDecodeError); skipped",
+        "8": f"{e / 'eval_8.json'}: grid: eval_8_grid.png is missing or unreadable; not shown",
+    }
+
+
+def test_hostile_eval_files_give_warnings_never_a_crash(tmp_path: Path, cli: CliRunner) -> None:
+    run = fine_tuning_run(tmp_path / "evil")
+    expected = _hostile(run)
+    (group,) = build([run], Options(check=False))
+    for key, warning in expected.items():
+        assert warning in group.warnings, (key, group.warnings)
+    assert [e.name for e in group.evals] == ["eval_0.json", "eval_1.json", "eval_3.json", "eval_4.json",
+                                             "eval_8.json"]  # fmt: skip
+    bad, types = group.evals[0], group.evals[1]
+    assert bad.clip_base is None and bad.clip_tuned is None and bad.base and bad.base.p50_s == 0.5
+    assert not types.meaningful and types.base and types.base.p50_s is None and types.tuned is None
+    assert types.base.p90_s is None  # negative: left out
+    assert all(e.grid_data_uri is None for e in group.evals)  # no grid passed
+    assert group.clip_score_base == 30.25  # the good files' mean; the NaN one left out
+    for fmt in ("table", "csv", "md", "json", "html"):
+        result = cli.invoke(app, ["report", str(run), "--no-check", "--format", fmt])
+        assert result.exit_code == 0 and "Traceback" not in result.output, (fmt, result.output[-2000:])
+        assert "onload" not in result.stdout and "<img" not in result.stdout  # no grid passed
+
+
+def test_side_by_side_two_systems_with_a_price_per_system(
+    two_systems: tuple[Path, Path], cli: CliRunner
+) -> None:
+    a, b = two_systems
+    write_eval(a)
+    write_eval(b, system="b")
+    args = ["report", str(a), str(b), "--no-check", "--price", "a=1.5", "--price", "b=0.5"]
+    result = cli.invoke(app, [*args, "-f", "json"])
+    assert result.exit_code == 0, result.output
+    groups = {g["system"]: g for g in json.loads(result.stdout)["groups"]}
+    # a: 8 GPUs, runs of 30 and 34 min, at $1.5 (its config says $2); b: 4 GPUs, 20 min, at $0.5 (not $3)
+    assert groups["a"]["price_per_gpu_hour"] == 1.5 and groups["a"]["cost_usd"] == pytest.approx(
+        32 * 8 / 60 * 1.5
+    )
+    assert groups["b"]["cost_usd"] == pytest.approx(20 * 4 / 60 * 0.5)
+    csv_rows = list(csv.DictReader(io.StringIO(cli.invoke(app, [*args, "-f", "csv"]).stdout)))
+    assert {r["system"]: float(r["cost_usd"]) for r in csv_rows} == pytest.approx({"a": 6.4, "b": 2 / 3})
+    markdown = cli.invoke(app, [*args, "--price", "3", "-f", "md"]).stdout  # a bare USD: the others
+    side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
+    b_row, a_row = side[2], side[3]  # cheapest first
+    assert b_row.startswith("| b | lora | 4 | H100 | 1 | 20.00 | 150.0 |")
+    assert b_row.endswith("| 1.33 | 0.67 | 0.67 | measured | 0.6 | 0.72 | 30.25 | 31.5 |")
+    assert (
+        a_row.startswith("| a | lora | 8 | H100 | 2 | 32.00 | 100.0 |") and "| 4.27 | 6.40 | 12.80 |" in a_row
+    )
+
+    compared = cli.invoke(app, ["report", "--compare", str(a), str(b), "--no-check", "-f", "json"])
+    (pair,) = json.loads(compared.stdout)["comparison"]["pairs"]
+    ratios = {m["key"]: m["ratio"] for m in pair["metrics"]}
+    assert ratios["inference_p50_s"] == 1.0 and ratios["clip_score_tuned"] == 1.0  # the same eval file
+
+    one = cli.invoke(
+        app, ["report", str(a), "--no-check", "--price", "a=1.5", "--price", "c=9", "-f", "json"]
+    )
+    assert one.exit_code == 0 and "warning: --price c=...: no group of system 'c' (systems: a)" in one.output
+    for bad in ("a=cheap", "a=-1", "=2", "a=nan", "inf"):
+        result = cli.invoke(app, ["report", str(a), "--no-check", "--price", bad])
+        assert result.exit_code == 2 and "Traceback" not in result.output, (bad, result.output)
+        assert result.output.strip().splitlines() == [
+            f"error: --price {bad!r}: expected SYSTEM=USD or USD, USD a number >= 0 (e.g. aws_p5=6.88)"
+        ], result.output
+
+
+def test_the_single_machine_cloud_systems_load_and_are_listed(cli: CliRunner, workdir: Path) -> None:
+    from flux_cluster.config import load_system
+
+    listing = cli.invoke(app, ["systems", "list"])
+    assert listing.exit_code == 0
+    for name in CLOUD_SYSTEMS:
+        config = load_system(name).config
+        assert config.launcher == "local" and config.nodes == 1 and config.gpus_per_node == 8
+        assert (
+            config.gpu_model == "H100-SXM5-80GB"
+            and config.vendor == "nvidia"
+            and config.peak_bf16_tflops == 989
+        )
+        assert config.price_per_gpu_hour > 0 and config.price_date == "2026-11"
+        assert config.price_source and config.price_source.startswith("https://")
+        assert name in listing.output and f"{config.price_per_gpu_hour:.2f}" in listing.output
+    bad = cli.invoke(app, ["systems", "show", "aws_p5", "--set", "price_date=" + "x" * 41])
+    assert bad.exit_code == 2 and "price_date" in bad.output and "Traceback" not in bad.output
