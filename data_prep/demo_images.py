@@ -26,6 +26,8 @@ def write_image_folder(root: Path, layout: str, n: int, size: tuple[int, int] = 
     root), sorted: the names scan_folder gives them."""
     from PIL import Image, ImageDraw
 
+    if layout not in ("metadata.json", "metadata.jsonl", "captions.txt"):
+        raise FluxClusterError(f"--layout {layout!r}: expected metadata.json, metadata.jsonl or captions.txt")
     root.mkdir(parents=True, exist_ok=True)
     folder = root / "imgs" if layout == "metadata.json" else root
     folder.mkdir(exist_ok=True)

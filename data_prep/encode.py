@@ -87,7 +87,7 @@ class EncodeOptions:
     @property
     def cache_root(self) -> Path:
         if self.cache is not None:
-            return self.cache
+            return self.cache.absolute()  # chunk links point here: a relative target would not resolve
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         return base / "flux-cluster" / "encoded"
 
@@ -129,6 +129,8 @@ class EncodeSummary:
     latent_size: int = 0
     t5_dim: int = 0
     clip_dim: int = 0
+    dataset: str = ""
+    """Hash of every encoded chunk: the same images, captions, split and settings give the same one."""
 
 
 def encoding_key(options: EncodeOptions, model_fingerprint: str) -> str:
@@ -296,6 +298,26 @@ class Encoding:
         self.folder = options.cache_root / self.key
         self.chunk_dir = self.folder / "chunks"
 
+    @property
+    def dataset(self) -> str:
+        return hashlib.sha256("".join(c.key for c in self.chunks).encode()).hexdigest()[:16]
+
+    def check_output(self) -> None:
+        """Refuse, before any encoding, an output that holds another dataset (one output, one dataset)."""
+        output = self.options.output
+        if not (output / ".nv-meta").exists() and not (output / ".flux-prep").exists():
+            if output.exists() and (not output.is_dir() or any(output.iterdir())):
+                raise FluxClusterError(f"OUT {output}: holds other files; choose a new or empty folder")
+            return
+        from data_prep.convert import ConversionPlan
+
+        plan = ConversionPlan.load(output)  # an interrupted encode: its source is sources/<dataset>
+        if plan is None or Path(plan.source).name != self.dataset:
+            raise FluxClusterError(
+                f"OUT {output}: holds another dataset (other images, captions or settings than these); "
+                "remove it or choose a new folder"
+            )
+
     def chunk_path(self, chunk: Chunk) -> Path:
         return self.chunk_dir / chunk.name
 
@@ -352,7 +374,7 @@ class Encoding:
                 f"{self.folder}: {len(missing)} chunk(s) of {len(self.chunks)} not encoded yet; run the "
                 "encode step (or every array task) first"
             )
-        dataset = hashlib.sha256("".join(c.key for c in self.chunks).encode()).hexdigest()[:16]
+        dataset = self.dataset
         source = self.folder / "sources" / dataset
         if (source / ENCODED_MARKER).is_file():
             return source
@@ -400,16 +422,24 @@ class Encoding:
             latent_size=self.options.resolution // 8,
             t5_dim=int(t5.shape[-1]),
             clip_dim=int(clip.shape[-1]),
+            dataset=self.dataset,
         )
 
 
 def write_dataset(encoding: Encoding, workers: int = 1) -> EncodeSummary:
     """Assemble the cached chunks and convert, index and verify them into the output root."""
     from data_prep.convert import ConversionPlan
+    from data_prep.source import open_source
     from data_prep.stages import StagePaths, run_stage
 
     options, console = encoding.options, encoding.console
     source = encoding.assemble()
+    empty = [split for split in ("train", "val") if not open_source(source, split).total]  # type: ignore[arg-type]
+    if empty:
+        raise FluxClusterError(
+            f"{options.images}: no usable {' or '.join(empty)} image left after skipping the broken ones "
+            "(see the 'skipped' lines); add images or fix them"
+        )
     output = options.output
     recorded = ConversionPlan.load(output)
     shard_size = recorded.shard_size if recorded else options.chunk_images * 4
@@ -428,5 +458,6 @@ def encode_folder(options: EncodeOptions, console: Console | None = None, worker
     """The whole local encode: scan, encode what the cache lacks, write the Energon root."""
     console = console or Console(stderr=True)
     encoding = Encoding(options, console)
+    encoding.check_output()
     encoding.encode()
     return write_dataset(encoding, workers)

@@ -280,9 +280,23 @@ class _MetadataReader:
         self.add(where, path[1], (f"key {caption[0]!r}", caption[1]) if caption else None)
 
 
+MAX_METADATA_JSON_BYTES = 256 << 20
+"""metadata.json is read whole: a caption list of millions of images fits; more is refused (use .jsonl)."""
+
+
 def _read_json(reader: _MetadataReader, path: Path) -> None:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+        if not path.is_file() or path.is_symlink():
+            reader.problems.append("metadata.json: not a regular file in the folder")
+            return
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_METADATA_JSON_BYTES + 1)
+        if len(raw) > MAX_METADATA_JSON_BYTES:
+            reader.problems.append(
+                f"metadata.json: over {MAX_METADATA_JSON_BYTES >> 20} MiB; use metadata.jsonl for that many"
+            )
+            return
+        data = json.loads(raw.decode("utf-8-sig"))
     except OSError as exc:
         reader.problems.append(f"metadata.json: cannot read ({exc.strerror or exc})")
         return
@@ -319,6 +333,9 @@ def _lines(handle: BinaryIO) -> Iterator[bytes | None]:
 
 
 def _read_jsonl(reader: _MetadataReader, path: Path) -> None:
+    if not path.is_file() or path.is_symlink():  # /dev/zero or a FIFO would never end
+        reader.problems.append("metadata.jsonl: not a regular file in the folder")
+        return
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -406,6 +423,11 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+MAX_ASPECT = 16
+"""Longer side / shorter side beyond which an image is refused: its square crop would be a sliver, and a
+1 x 60,000 strip resized to a short side of 512 would need tens of GB."""
+
+
 def _square(image: Image.Image, resolution: int) -> Image.Image:
     """Resized so the short side is resolution, then the centre resolution x resolution."""
     width, height = image.size
@@ -433,6 +455,11 @@ def load_image(path: Path, resolution: int) -> Image.Image:
                 raise ImageFolderError(
                     f"{shown}: {image.width}x{image.height} pixels, over Pillow's decompression-bomb "
                     f"limit of {limit}"
+                )
+            if max(image.size) > MAX_ASPECT * min(image.size):
+                raise ImageFolderError(
+                    f"{shown}: {image.width}x{image.height} pixels, more than {MAX_ASPECT}:1; expected a "
+                    "picture, not a strip"
                 )
             image.draft(None, (resolution, resolution))  # JPEG: decode at 1/2..1/8 when still large enough
             upright = ImageOps.exif_transpose(image)

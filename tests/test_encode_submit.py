@@ -138,3 +138,19 @@ def test_an_encode_job_refuses_a_bad_options_file_in_one_line(
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run / 'encode.json'}: ") and message in err, err
     assert len(err.splitlines()) == 1
+
+
+def test_submit_refuses_an_output_holding_other_files_before_anything_is_written(
+    cli: CliRunner, workdir: Path, images: Path, tiny_pipeline: Path
+) -> None:
+    (out := workdir / "out").mkdir()
+    (out / "notes.txt").write_text("mine")
+    args = [
+        *encode_args(images, out, tiny_pipeline, "--cache", "cache"),
+        "--submit",
+        "--system",
+        "local_slurm",
+    ]
+    result = cli.invoke(app, args)
+    assert result.exit_code == 2 and "holds other files; choose a new or empty folder" in result.output
+    assert not (workdir / "runs").exists() and sorted(p.name for p in out.iterdir()) == ["notes.txt"]

@@ -285,3 +285,51 @@ def test_a_missing_lora_init_or_pretraining_on_the_finetune_workload_is_one_line
         app, ["submit", "--system", "local", "--dry-run", "--set", "train.benchmark=finetune"]
     )
     assert result.exit_code == 2 and "train.mode: 'pretrain' does not fine-tune" in result.output
+
+
+def test_encode_refuses_an_output_holding_another_dataset_before_encoding(
+    encoded: dict[str, Path], tiny_pipeline: Path
+) -> None:
+    other = encoded["root"] / "other-images"
+    write_image_folder(other, "metadata.jsonl", 3)
+    before = shard_digests(encoded["data"])
+    result = CliRunner().invoke(app, encode_args(other, encoded["data"], tiny_pipeline, encoded["cache"]))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "holds another dataset" in result.output and "encode:" not in result.output  # nothing encoded
+    assert shard_digests(encoded["data"]) == before
+
+
+def test_encode_with_its_only_val_image_broken_is_one_line_and_a_relative_cache_works(
+    workdir: Path, tiny_pipeline: Path
+) -> None:
+    from data_prep.encode import EncodeOptions, split_items
+    from data_prep.image_folder import scan_folder
+
+    write_image_folder(images := workdir / "few", "captions.txt", 4)
+    options = EncodeOptions(images=images, output=workdir / "out", model=tiny_pipeline, val_fraction=0.01)
+    (val,) = [
+        item.record.path for item in split_items(scan_folder(images).records, options) if item.split == "val"
+    ]
+    val.write_bytes(val.read_bytes()[:30])  # truncated: skipped when decoded
+    args = [
+        "data",
+        "encode",
+        "few",
+        "out",
+        "--model",
+        str(tiny_pipeline),
+        "--resolution",
+        "64",
+        "--val-fraction",
+        "0.01",
+    ]
+    result = CliRunner().invoke(app, [*args, "--max-sequence-length", str(TOKENS), "--cache", "cache"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (
+        f"skipped few/{val.name}: cannot decode" in result.output
+        and "no usable val image left" in result.output
+    )
+    assert not (workdir / "out" / SUMMARY_FILE).exists()
+    # the train chunk went into the relative cache, linked where the source can reach it
+    (source,) = (workdir / "cache").glob("*/sources/*")
+    assert open_source(source, "train").total == 3

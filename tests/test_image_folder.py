@@ -317,3 +317,33 @@ def test_broken_files_raise_one_line_naming_the_path(tmp_path: Path, monkeypatch
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)  # over twice the limit: Pillow refuses on open
     with pytest.raises(ImageFolderError, match=r"whole\.jpg: Image size \(1200 pixels\) exceeds limit"):
         load_image(tmp_path / "whole.jpg", 16)
+
+
+def test_a_strip_image_and_unending_metadata_are_refused_not_read(tmp_path: Path) -> None:
+    """A 1 x 600 strip would need a huge resize to a 512 short side; metadata that is /dev/zero or a FIFO
+    would never end: each is one line."""
+    Image.new("RGB", (1, 600), RED).save(tmp_path / "strip.png")
+    with pytest.raises(ImageFolderError, match=r"strip.png: 1x600 pixels, more than 16:1"):
+        load_image(tmp_path / "strip.png", 512)
+    for name, make in (
+        ("metadata.json", lambda p: p.symlink_to("/dev/zero")),
+        ("metadata.jsonl", lambda p: os.mkfifo(p)),
+    ):
+        root = tmp_path / name
+        write_image_folder(root / "x", "captions.txt", 1)  # an image the metadata would have to caption
+        make(root / name)
+        with pytest.raises(ImageFolderError) as refused:
+            scan_folder(root, strict=True)
+        assert f"{name}: not a regular file in the folder" in str(refused.value)
+
+
+def test_demo_images_refuse_an_unknown_layout_before_writing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from flux_cluster.cli import app
+
+    result = CliRunner().invoke(app, ["data", "demo-images", str(tmp_path / "demo"), "--layout", "bogus"])
+    assert result.exit_code == 2 and "--layout 'bogus': expected metadata.json" in result.output
+    assert not (tmp_path / "demo").exists()
+    result = CliRunner().invoke(app, ["data", "demo-images", str(tmp_path / "demo"), "--count", "3"])
+    assert result.exit_code == 0 and len(scan_folder(tmp_path / "demo").records) == 3

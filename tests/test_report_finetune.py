@@ -240,3 +240,10 @@ def test_mlperf_tables_show_mode_basis_and_all_runs_totals() -> None:
     out = io.StringIO()
     print_tables([group], Console(file=out, width=250), checked=True)
     assert "basis" in out.getvalue() and "266.67" in out.getvalue()
+
+
+def test_summaries_whose_mean_overflows_give_no_figure_not_a_crash(tmp_path: Path) -> None:
+    huge = _summary(best_eval_loss=1e308, images_per_s=1e308)
+    run = fine_tuning_run(tmp_path / "crafted", minutes=[30.0, 31.0], summaries=[huge, huge])
+    (group,) = build([run], Options())
+    assert group.best_eval_loss is None and group.images_per_s is None and group.final_eval_loss == 0.47

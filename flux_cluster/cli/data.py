@@ -416,9 +416,7 @@ def _submit_encode(
     submitted, and the options reach the jobs as a file in their run directories, never in the script."""
     import dataclasses
 
-    from data_prep.encode import encoding_key, split_items
-    from data_prep.encoders import model_fingerprint
-    from data_prep.image_folder import scan_folder
+    from data_prep.encode import Encoding
     from data_prep.job import write_encode_options
     from flux_cluster.cli.launch import check_slurm_path
     from flux_cluster.config import load_system
@@ -440,13 +438,13 @@ def _submit_encode(
     # They become mount specifications (no ':' or ','); the run dirs and OUT are checked again later.
     for path in (options.images, options.model, options.cache, options.output, runs_root(runs_dir, config)):
         check_slurm_path(path.absolute())
-    scan = scan_folder(options.images, strict=options.strict)
-    if len(scan.records) < 2:
-        split_items(scan.records, options)  # refuses it in one line (it needs a train and a val image)
-    key = encoding_key(options, model_fingerprint(options.model))
-    cli_console(stderr=True).print(
-        f"{len(scan.records):,} images, {len(scan.problems)} skipped; encodings cached in "
-        f"{options.cache / key} (it must be on a file system the compute nodes share)",
+    console = cli_console(stderr=True)
+    # Scans the folder, needs a train and a val image, and refuses an OUT holding another dataset.
+    encoding = Encoding(options, console)
+    encoding.check_output()
+    console.print(
+        f"{len(encoding.items):,} images, {len(encoding.scan.problems)} skipped; encodings cached in "
+        f"{encoding.folder} (it must be on a file system the compute nodes share)",
         soft_wrap=True,
         highlight=False,
     )

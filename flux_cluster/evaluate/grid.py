@@ -27,7 +27,8 @@ def grid_png(columns: Sequence[tuple[str, Sequence["Image"]]], prompts: Sequence
     for r in range(rows):
         top = LABEL_HEIGHT + r * (LABEL_HEIGHT + height)
         # ASCII: Pillow's fallback bitmap font has no other glyphs
-        caption = " ".join(prompts[r].split()).encode("ascii", "replace").decode()
+        # at most a line's worth before measuring: trimming measures once per character cut
+        caption = " ".join(prompts[r][:400].split()).encode("ascii", "replace").decode()
         while len(caption) > 3 and draw.textlength(caption, font=font) > canvas.width - 4:
             caption = caption[: len(caption) - 4] + "..."
         draw.text((2, top + 1), caption, fill="dimgray", font=font)

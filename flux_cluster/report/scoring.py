@@ -220,8 +220,12 @@ def score_group(
 
 
 def _mean(values: list[float | None]) -> float | None:
+    """The mean of the known values; None when there are none or they overflow (a crafted 1e308)."""
     found = [v for v in values if v is not None]
-    return statistics.fmean(found) if found else None
+    try:
+        return statistics.fmean(found) if found else None
+    except OverflowError:
+        return None
 
 
 def _eval_figures(group: GroupResult, evals: list[EvalResult]) -> None:
@@ -244,8 +248,7 @@ def _fine_tuning_figures(group: GroupResult) -> None:
         return [v for v in (getattr(r, name) for r in runs) if v is not None]
 
     for name in ("images_per_s", "step_time_ms", "best_eval_loss", "final_eval_loss"):
-        found = values(name)
-        setattr(group, name, statistics.fmean(found) if found else None)
+        setattr(group, name, _mean(list(values(name))))
     memory = values("peak_memory_gb")
     group.peak_memory_gb = max(memory) if memory else None
     if group.images_per_s is not None and group.accelerators:

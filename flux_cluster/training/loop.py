@@ -264,7 +264,8 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     stop_poll = _StopPoll(stop, cfg.checkpoint_every_minutes * 60 if rank0 else 0)
     saved_period = 0
     model.train()
-    status = None if progress.step < schedule.max_steps else "success"  # resumed after the last epoch
+    finished = "success" if plan.fine_tuning else "aborted"  # what reaching max_steps means
+    status = None if progress.step < schedule.max_steps else finished  # resumed after the last step
     in_block = False
     tuning = cfg.mode != "pretrain"  # keeps the best weights (results/best_<i>/) and reports a summary
     started = time.perf_counter()
@@ -287,7 +288,8 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             meter.pause()
             epoch = schedule.epoch(progress.step)
             eval_loss = _evaluate(model, ctx, info, dtype, mllog, progress, epoch)
-            if tuning and (progress.best is None or eval_loss < progress.best[1]):
+            better = progress.best is None or eval_loss < progress.best[1]
+            if tuning and math.isfinite(eval_loss) and better:
                 progress.best = (progress.step, eval_loss)
                 _save_weights(
                     model, ctx, info, f"best_{ctx.exp_index}", f"best (validation loss {eval_loss:.4f})"
@@ -296,7 +298,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             if schedule.target is not None and eval_loss <= schedule.target:
                 status = "success"
         if status is None and progress.step >= schedule.max_steps:
-            status = "success" if plan.fine_tuning else "aborted"
+            status = finished
         agreed = stop_poll.poll() if status is None else _Agreed(False, False, 0)
         if agreed.requested:
             meter.flush()
@@ -462,9 +464,13 @@ def _save_weights(model: torch.nn.Module, ctx: JobContext, info: DistInfo, name:
 
 
 def _commit(partial: Path, final: Path) -> None:
+    """partial replaces final; the old final is removed only after, so a crash never leaves neither."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
     if final.exists():
-        shutil.rmtree(final)
+        final.rename(old)
     partial.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _lock_repeat(ctx: JobContext, info: DistInfo) -> IO[str] | None:
@@ -778,7 +784,10 @@ class _Meter:
         gbs = self.ctx.plan.train.global_batch_size
         images_per_s = self.timed_steps * gbs / self.timed_s if self.timed_s else math.nan
         step_ms = self.timed_s / self.timed_steps * 1000 if self.timed_steps else math.nan
-        memory = torch.tensor([_peak_memory_gb(self.info.device)], dtype=torch.float64)
+        # on the device: NCCL reduces CUDA tensors only
+        memory = torch.tensor(
+            [_peak_memory_gb(self.info.device)], dtype=torch.float64, device=self.info.device
+        )
         dist.all_reduce(memory, op=dist.ReduceOp.MAX)
         evals = progress.evals or []
         best_step, best_loss = progress.best or (0, math.nan)
