@@ -248,3 +248,11 @@ def test_bad_input_is_one_line(
     save_file({k: torch.zeros(3, 5) for k in tensors}, misfit / M.LORA_FILE)
     got = line(str(misfit), "--model", str(tiny_pipeline), "--output", "e.json", *FAST)
     assert "the LoRA does not fit the model" in got and not (workdir / "e.json").exists()
+
+
+def test_a_diverged_models_nan_figures_are_written_as_null() -> None:
+    from flux_cluster.evaluate.run import _dumps
+
+    document = {"val_loss": {"base": 0.5, "tuned": float("nan")}, "latency": [float("inf")]}
+    written = json.loads(_dumps(document))
+    assert written == {"val_loss": {"base": 0.5, "tuned": None}, "latency": [None]}

@@ -417,4 +417,7 @@ def _write(document: dict[str, Any], png: bytes, json_path: Path, grid_path: Pat
 
 
 def _dumps(document: dict[str, Any]) -> str:
-    return json.dumps(document, indent=1, allow_nan=False) + "\n"
+    """Strict JSON: a figure that is not finite (a diverged model's NaN loss) is written as null."""
+    from flux_cluster.report.formats import finite_for_json
+
+    return json.dumps(finite_for_json(document), indent=1, allow_nan=False) + "\n"

@@ -217,17 +217,17 @@ def to_document(groups: list[GroupResult], comparison: dict[str, Any] | None = N
 
 
 def render_json(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> str:
-    return json.dumps(_finite(to_document(groups, comparison)), indent=2, allow_nan=False) + "\n"
+    return json.dumps(finite_for_json(to_document(groups, comparison)), indent=2, allow_nan=False) + "\n"
 
 
-def _finite(value: Any) -> Any:
+def finite_for_json(value: Any) -> Any:
     """NaN and infinities (a diverged run's loss, say) become null: JSON has no such numbers."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_for_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite_for_json(v) for v in value]
     return value
 
 
