@@ -125,7 +125,7 @@ def run_encode_stage(stage: str, config: Path, system: SystemConfig, task: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flux_cluster.rundir import read_run_config
+    from flux_cluster.launch.rundir import read_run_config
 
     parser = argparse.ArgumentParser(prog="python -m data_prep.job")
     parser.add_argument("--config", type=Path, required=True)

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from flux_cluster.rundir import read_run_config
+from flux_cluster.launch.rundir import read_run_config
 from flux_cluster.training.workload import TrainingPlan
 
 

@@ -29,6 +29,15 @@ SHIPPED_SYSTEMS = (
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the image build tests' set-up now, in the background (tests/podman_builds.py)."""
+    import podman_builds
+
+    if podman_builds.available() and any(item.get_closest_marker("podman") for item in items):
+        podman_builds.BUILDS.start()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the templates")
 

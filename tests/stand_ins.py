@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from flux_cluster.config import SystemConfig
-from flux_cluster.plan import make_plan
-from flux_cluster.render import render_script
+from flux_cluster.launch.plan import make_plan
+from flux_cluster.launch.render import render_script
 
 TOOLS = ["srun", "scontrol", "sinfo", "docker", "podman", "python3", "python", "sudo"]
 

@@ -133,9 +133,11 @@ import json, os, sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.fsdp import fully_shard
 from flux_cluster.training.checkpoint import Checkpointer
-dist.init_process_group("gloo")
-rank = dist.get_rank()
 folder = Path(sys.argv[1])
+# a file rendezvous: no TCP store on rank 0 that the other rank's teardown still talks to after rank 0 left
+rendezvous = f"file://{folder.parent / 'rendezvous'}"
+dist.init_process_group("gloo", init_method=rendezvous, rank=int(os.environ["RANK"]), world_size=2)
+rank = dist.get_rank()
 checkpoints = Checkpointer(folder, keep=3, rank=rank, world_size=2)
 model = fully_shard(torch.nn.Linear(64, 64))
 optimizer = torch.optim.AdamW(model.parameters())
@@ -149,17 +151,16 @@ if rank == 0:
 dist.barrier()
 chosen, skipped = checkpoints.choose()
 print(json.dumps({"rank": rank, "chosen": chosen.name, "skipped": skipped}), flush=True)
+dist.barrier()
 dist.destroy_process_group()
 """
 
 
 def test_all_ranks_agree_on_the_checkpoint_when_only_one_sees_the_damage(tmp_path: Path) -> None:
-    port = 29500 + os.getpid() % 1000
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
-    env["OMP_NUM_THREADS"] = "1"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-c", AGREEMENT, str(tmp_path)],
+            [sys.executable, "-c", AGREEMENT, str(tmp_path / "checkpoints")],
             env={**env, "RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from flux_cluster.cli import app
-from flux_cluster.rundir import RunRecord, list_runs
+from flux_cluster.launch.rundir import RunRecord, list_runs
 
 BOX_DRAWING = re.compile("[\u2500-\u257f]")
 
@@ -281,7 +281,7 @@ def test_logs_of_a_run_never_submitted_say_so_and_exit(cli: CliRunner, workdir: 
 
 
 def test_logs_of_an_array_run_name_the_task_of_every_line(cli: CliRunner, workdir: Path) -> None:
-    from flux_cluster import slurm
+    from flux_cluster.launch import slurm
 
     assert cli.invoke(app, ["submit", "--system", "local_slurm", "--dry-run", "--nexp", "2"]).exit_code == 0
     (run_dir,) = list_runs(workdir / "runs")
@@ -304,11 +304,11 @@ def test_a_data_job_says_what_it_does_on_stdout(
     from data_prep.job import main as data_job
     from data_prep.job import task_title
     from data_prep.synthetic import synthesize
-    from flux_cluster.cli.launch import prepare_run_dir
     from flux_cluster.config import load_system
-    from flux_cluster.data_jobs import data_job_plan
-    from flux_cluster.render import render_script
-    from flux_cluster.rundir import create_run_dir
+    from flux_cluster.launch.data_jobs import data_job_plan
+    from flux_cluster.launch.render import render_script
+    from flux_cluster.launch.rundir import create_run_dir
+    from flux_cluster.launch.submit import prepare_run_dir
 
     assert task_title("convert", 1, 2) == "convert task 2 of 2" and task_title("index", 0, 1) == "index"
     synthesize(workdir / "src", train=16, val=8, dims="tiny", seed=0)

@@ -10,7 +10,7 @@ from data_helpers import write_image_folder
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
-from flux_cluster.rundir import list_runs
+from flux_cluster.launch.rundir import list_runs
 
 
 @pytest.fixture

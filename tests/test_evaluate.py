@@ -144,7 +144,7 @@ def run_dir(tiny_pipeline: Path, lora: Path, tmp_path_factory: pytest.TempPathFa
     from data_helpers import make_energon_root
 
     from flux_cluster.config import load_system
-    from flux_cluster.rundir import write_run_config
+    from flux_cluster.launch.rundir import write_run_config
 
     base = tmp_path_factory.mktemp("evalrun")
     data = make_energon_root(base / "data", train=4, val=8)

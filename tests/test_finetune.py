@@ -23,7 +23,7 @@ from data_prep.format import decode_tensor, from_bf16_bits
 from data_prep.loader import val_loader
 from data_prep.source import open_source
 from flux_cluster.cli import app
-from flux_cluster.rundir import list_runs
+from flux_cluster.launch.rundir import list_runs
 from flux_cluster.training import model as M
 from flux_cluster.training.rectified_flow import validation_loss
 

@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 
 from flux_cluster.config import known_systems, load_system
-from flux_cluster.data_jobs import data_job_plan
-from flux_cluster.plan import make_plan
-from flux_cluster.render import render_script
+from flux_cluster.launch.data_jobs import data_job_plan
+from flux_cluster.launch.plan import make_plan
+from flux_cluster.launch.render import render_script
+from flux_cluster.launch.submit import throughput_args
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [(name, job, 1) for name in known_systems() for job in ("train", "preflight")] + [
     ("dgx_h100x8", "train", 10),  # NVIDIA style: 10 repeats in one allocation
     ("mi300x8", "train", 10),  # array of 10
 ]
+# the throughput job (a sweep's point) on synthetic batches: NVIDIA, AMD, this machine
+CASES += [(name, "throughput", 1) for name in ("dgx_h100x8", "mi300x8", "local")]
 # prepare-data's conversion array on every Slurm system (the 'local' system runs stages in-process).
 CASES += [(name, "data-convert", 1) for name in known_systems() if name != "local"]
 
@@ -30,7 +33,8 @@ def render_case(system: str, job: str, nexp: int) -> str:
     if job.startswith("data-"):
         plan = data_job_plan(config, job.removeprefix("data-"), run_dir, "prepare-data", "afterok:1000")
     else:
-        plan = make_plan(config, job, run_dir, job, 1234)
+        job_args = (*throughput_args(5, 20), "--synthetic") if job == "throughput" else ()
+        plan = make_plan(config, job, run_dir, job, 1234, job_args)
     plan = type(plan)(**{**plan.__dict__, "python_fallback": "python3"})
     return render_script(plan)
 
@@ -140,7 +144,7 @@ def test_repository_shell_scripts_pass_shellcheck(script: str) -> None:
 
 
 def test_data_download_job_gets_its_own_walltime() -> None:
-    from flux_cluster.data_jobs import data_job_system
+    from flux_cluster.launch.data_jobs import data_job_system
 
     config = load_system("dgx_h100x8", [], environ={}).config
     assert data_job_system(config, "download").slurm.walltime == "24:00:00"

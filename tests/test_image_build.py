@@ -5,44 +5,30 @@ dependencies install without touching the base torch, the project installs, labe
 the layers cache as intended, and 'systems show' finds the image."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import podman_builds
 import pytest
+from podman_builds import CANARY, TESTBASE
 
 from flux_cluster import __version__
 from flux_cluster.image.build import git_revision
 from flux_cluster.image.names import image_name
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTBASE = "localhost/flux-cluster-testbase:bookworm-torch2.13.0"
 IMAGE = image_name("amd")
-CANARY = "hf_canary_7f3a9c"  # a secret in the builder's environment must not reach the image
 
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(
-        os.geteuid() != 0 or not all(shutil.which(t) for t in ("podman", "runc", "debootstrap")),
+        not podman_builds.available(),
         reason="needs root with podman, runc and debootstrap (Debian packages installed by tools/dev.sh)",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def podman_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    # This sandbox runs containers with runc and low ulimits (see the platform notes); sites need neither.
-    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
-    ulimits = '["nofile=1024:1024", "nproc=1024:1024"]'
-    conf.write_text(f'[containers]\ndefault_ulimits = {ulimits}\n[engine]\nruntime = "runc"\n')
-    env = {**os.environ, "CONTAINERS_CONF": str(conf), "HF_TOKEN": CANARY}
-    subprocess.run(
-        ["bash", str(ROOT / "docker/testbase/build.sh"), TESTBASE], env=env, check=True, timeout=900
-    )
-    return env
 
 
 def _podman(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -50,24 +36,33 @@ def _podman(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 
 def _build(env: dict[str, str], context: Path) -> subprocess.CompletedProcess[str]:
-    command = [
-        *(str(Path(sys.executable).with_name("flux-cluster")), "image", "build", "--vendor", "amd"),
-        *("--builder", "podman", "--base-image", TESTBASE, "--allow-dirty", "--context", str(context)),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    done = podman_builds.build_image(env, context)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
 @pytest.fixture(scope="module")
-def built(podman_env: dict[str, str]) -> Iterator[subprocess.CompletedProcess[str]]:
-    done = _build(podman_env, ROOT)
-    yield done
+def _builds() -> Iterator[tuple[dict[str, str], subprocess.CompletedProcess[str]]]:
+    """The base and the first build, started in the background when the session collected these tests."""
+    env, done = podman_builds.BUILDS.wait()
+    yield env, done
     # every image the tests built (their tags move between builds); the test base stays for the next run
-    ids = _podman(
-        podman_env, "images", "--quiet", "--filter", "reference=localhost/flux-cluster:*"
-    ).stdout.split()
-    _podman(podman_env, "rmi", "--force", *set(ids))
+    ids = _podman(env, "images", "--quiet", "--filter", "reference=localhost/flux-cluster:*").stdout.split()
+    _podman(env, "rmi", "--force", *set(ids))
+
+
+@pytest.fixture(scope="module")
+def podman_env(_builds: tuple[dict[str, str], subprocess.CompletedProcess[str]]) -> dict[str, str]:
+    return _builds[0]
+
+
+@pytest.fixture(scope="module")
+def built(
+    _builds: tuple[dict[str, str], subprocess.CompletedProcess[str]],
+) -> subprocess.CompletedProcess[str]:
+    done = _builds[1]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 def test_the_build_labels_and_tags_the_image(

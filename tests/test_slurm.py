@@ -13,9 +13,9 @@ import pytest
 from checker import compliance_check
 from typer.testing import CliRunner
 
-from flux_cluster import slurm
 from flux_cluster.cli import app
-from flux_cluster.rundir import RunRecord, list_runs
+from flux_cluster.launch import slurm
+from flux_cluster.launch.rundir import RunRecord, list_runs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 

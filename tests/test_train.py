@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from data_prep.ensure import default_root, ensure_synthetic_root
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
+from flux_cluster.launch.rundir import list_runs
 from flux_cluster.mlperf_rules import RULESETS
-from flux_cluster.rundir import list_runs
 
 
 @pytest.fixture(scope="module", autouse=True)

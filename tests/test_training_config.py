@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.rundir import list_runs, read_run_config
+from flux_cluster.launch.rundir import list_runs, read_run_config
 from flux_cluster.training.workload import TrainingPlan, resolve_training
 
 

@@ -10,7 +10,7 @@ from typer._click import Context
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from flux_cluster import __version__
-from flux_cluster.cli import data, evaluate, image, launch, models, report, runs, systems
+from flux_cluster.cli import data, evaluate, image, launch, models, report, runs, sweep, systems
 from flux_cluster.cli.console import Group, Typer
 from flux_cluster.errors import FluxClusterError
 
@@ -85,6 +85,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(models.app, name="models")
 app.command()(launch.submit)
 app.command()(launch.preflight)
+app.command()(sweep.sweep)
 app.command(name="prepare-data")(data.prepare_data)
 app.command()(runs.status)
 app.command()(runs.logs)

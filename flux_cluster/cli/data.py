@@ -190,11 +190,11 @@ def _submit_stages(
     writes what a stage's job reads beside its config, before it is submitted."""
     from rich.table import Table
 
-    from flux_cluster import slurm
-    from flux_cluster.cli.launch import check_slurm_path, prepare_run_dir
-    from flux_cluster.data_jobs import data_job_plan
-    from flux_cluster.render import render_script
-    from flux_cluster.rundir import RunRecord, create_run_dir, runs_root
+    from flux_cluster.launch import slurm
+    from flux_cluster.launch.data_jobs import data_job_plan
+    from flux_cluster.launch.render import render_script
+    from flux_cluster.launch.rundir import RunRecord, create_run_dir, runs_root
+    from flux_cluster.launch.submit import check_slurm_path, prepare_run_dir
 
     console = cli_console(stderr=True)
     root = runs_root(runs_dir, config).absolute()
@@ -418,10 +418,10 @@ def _submit_encode(
 
     from data_prep.encode import Encoding
     from data_prep.job import write_encode_options
-    from flux_cluster.cli.launch import check_slurm_path
     from flux_cluster.config import load_system
     from flux_cluster.jobs import ENCODE_STAGES
-    from flux_cluster.rundir import runs_root
+    from flux_cluster.launch.rundir import runs_root
+    from flux_cluster.launch.submit import check_slurm_path
 
     # Absolute, and the cache fixed here: the compute nodes (or a container) have another $HOME.
     options = dataclasses.replace(

@@ -191,19 +191,19 @@ def _submit(
     the job in a file of its run directory (every path absolute), never into the script."""
     import dataclasses
 
-    from flux_cluster import slurm
     from flux_cluster.atomic import write_atomic
     from flux_cluster.cli.data import _require_slurm
-    from flux_cluster.cli.launch import check_slurm_path, prepare_run_dir
     from flux_cluster.config import load_system
     from flux_cluster.evaluate import ARGS_FILE
     from flux_cluster.evaluate.clip import find_clip
     from flux_cluster.evaluate.job import JOB_MINUTES, evaluate_job_system
     from flux_cluster.evaluate.run import output_paths, pipeline_folder, read_prompts
     from flux_cluster.evaluate.target import resolve_target
-    from flux_cluster.plan import make_plan
-    from flux_cluster.render import render_script
-    from flux_cluster.rundir import RunRecord, create_run_dir, runs_root
+    from flux_cluster.launch import slurm
+    from flux_cluster.launch.plan import make_plan
+    from flux_cluster.launch.render import render_script
+    from flux_cluster.launch.rundir import RunRecord, create_run_dir, runs_root
+    from flux_cluster.launch.submit import check_slurm_path, prepare_run_dir
 
     config = load_system(system, sets).config
     _require_slurm(config)

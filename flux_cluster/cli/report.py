@@ -93,8 +93,9 @@ def report(
 
     Exit codes: 0 reported, 1 no result logs found, 2 bad input.
     """
+    from flux_cluster.launch.rundir import runs_root
+    from flux_cluster.launch.sweep_state import is_sweep_folder
     from flux_cluster.report.build import Options
-    from flux_cluster.rundir import runs_root
 
     every, prices = parse_prices(price or [])
     options = Options(
@@ -113,6 +114,9 @@ def report(
 
         _unpriced(prices, [*a, *b])
         _emit([*a, *b], output_format, output, check, compare_groups(compare[0], a, compare[1], b))
+        return
+    if paths and any(is_sweep_folder(path) for path in paths):
+        _emit_sweeps(paths, output_format, output)
         return
     roots = list(paths) if paths else [runs_root(runs_dir)]
     if not paths and not roots[0].exists():
@@ -192,6 +196,33 @@ def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":
     return groups
 
 
+def _emit_sweeps(paths: list[Path], output_format: Format, output: Path | None) -> None:
+    """Sweep folders (sweep.json): their points, the best per node count, the plots (HTML)."""
+    from flux_cluster import api
+    from flux_cluster.report import sweep
+
+    reports = api.report(paths).sweeps
+    if output_format is Format.table:
+        from rich.console import Console
+
+        buffer = io.StringIO()
+        console = Console(file=buffer if output else sys.stdout, width=200)
+        for report in reports:
+            sweep.print_sweep(report, console)
+        if output is None:
+            return
+        text = buffer.getvalue()
+    else:
+        render = {
+            Format.json: sweep.render_json,
+            Format.csv: sweep.render_csv,
+            Format.md: sweep.render_markdown,
+            Format.html: sweep.render_html,
+        }[output_format]
+        text = render(reports)
+    _write(text, output)
+
+
 def _emit(
     groups: "list[GroupResult]",
     output_format: Format,
@@ -228,6 +259,13 @@ def _emit(
         from flux_cluster.report.html import render_html
 
         text = render_html(groups, checked, comparison)
+    _write(text, output)
+
+
+def _write(text: str, output: Path | None) -> None:
+    """To stdout, or atomically to the --output file."""
+    if output is not None and output.is_dir():
+        raise FluxClusterError(f"--output {output}: is a directory; give a file name")
     # surrogateescape: a file name that is not UTF-8 comes out as its own bytes, not as an error
     data = text.encode("utf-8", "surrogateescape")
     if output is None:

@@ -12,29 +12,21 @@ from flux_cluster.cli.options import RunArgument, RunsDirOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
-    from flux_cluster.rundir import RunRecord
+    from flux_cluster.launch.rundir import RunRecord
 
 app = Typer(help="List and manage runs (run directories and their Slurm jobs).", no_args_is_help=True)
 
 
 def _load(run: str | None, runs_dir: Path | None) -> "tuple[Path, RunRecord]":
-    from flux_cluster.rundir import RunRecord, resolve_run, runs_root
+    from flux_cluster.launch.track import load_run
 
-    run_dir = resolve_run(run, runs_root(runs_dir))
-    record = RunRecord.load(run_dir)
-    if record is None:
-        raise FluxClusterError(f"{run_dir}: no jobs.json: the run was never started")
-    return run_dir, record
+    return load_run(run, runs_dir)
 
 
 def _states(record: "RunRecord", run_dir: Path) -> dict[str, str]:
-    if record.launcher != "slurm":
-        from flux_cluster.local_runner import local_state
+    from flux_cluster.launch.track import run_states
 
-        return {record.launcher: local_state(run_dir, record)}
-    from flux_cluster import slurm
-
-    return slurm.job_states(record.job_ids)
+    return run_states(run_dir, record)
 
 
 @app.command("list")
@@ -43,7 +35,7 @@ def list_runs(runs_dir: RunsDirOption = None) -> None:
     import yaml
     from rich.table import Table
 
-    from flux_cluster.rundir import RunRecord, list_runs, read_run_config, runs_root
+    from flux_cluster.launch.rundir import RunRecord, list_runs, read_run_config, runs_root
 
     root = runs_root(runs_dir)
     table = Table(title=f"runs under {root}")
@@ -81,7 +73,7 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
         table.add_column("state")
         table.add_row(str(record.pid), _states(record, run_dir)[record.launcher])
     else:
-        from flux_cluster import slurm
+        from flux_cluster.launch import slurm
 
         states = slurm.job_states(record.job_ids)
         for column in ("job", "state", "elapsed", "nodes", "exit code"):
@@ -98,16 +90,6 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     print_table(cli_console(), table)
 
 
-def _log_files(run_dir: Path, record: "RunRecord", stderr: bool) -> list[Path]:
-    from flux_cluster.local_runner import LOCAL_LOG
-
-    if record.launcher != "slurm":
-        return [run_dir / "slurm" / LOCAL_LOG]
-    from flux_cluster import slurm
-
-    return [slurm.log_path(job_id, run_dir / "slurm", stderr) for job_id in record.job_ids]
-
-
 @app.command("logs")
 def logs(
     run: RunArgument = None,
@@ -120,7 +102,7 @@ def logs(
 ) -> None:
     """Print a run's job output (all repeats, or one with --task). An array run's lines start with
     their task id ('[task 3] ...')."""
-    from flux_cluster import slurm
+    from flux_cluster.launch import slurm
 
     run_dir, record = _load(run, runs_dir)
     if record.launcher == "dry-run":  # no job, so no output and no end to wait for
@@ -128,7 +110,9 @@ def logs(
             f"{run_dir}: never submitted (prepared with --dry-run): no job output to show or follow; "
             f"a job.sh submitted by hand writes its output to {run_dir / 'slurm'}/"
         )
-    files = _log_files(run_dir, record, stderr)
+    from flux_cluster.launch.track import log_files
+
+    files = log_files(run_dir, record, stderr)
     labels = [f"[task {job_id.rsplit('_', 1)[-1]}] " if record.array else "" for job_id in record.job_ids]
     labels = labels or [""] * len(files)  # a local run: one log, no job ids
     if task is not None:
@@ -161,7 +145,7 @@ def logs(
             return
         time.sleep(1.0)
         if record.launcher == "local":
-            from flux_cluster.rundir import RunRecord
+            from flux_cluster.launch.rundir import RunRecord
 
             record = RunRecord.load(run_dir)
 
@@ -169,20 +153,9 @@ def logs(
 @app.command("cancel")
 def cancel(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     """Cancel every job of a run (scancel), or stop a local run."""
-    run_dir, record = _load(run, runs_dir)
-    if record.launcher != "slurm":
-        from flux_cluster.local_runner import runner_alive, stop_group
+    from flux_cluster.launch.track import cancel_run
 
-        if record.pid is not None and runner_alive(record, run_dir):
-            stop_group(record.pid)
-            typer.echo(f"stopped local run {run_dir} (process group {record.pid})")
-        else:
-            typer.echo(f"{record.launcher} run {run_dir} is not running")
-        return
-    from flux_cluster import slurm
-
-    slurm.cancel(record.job_ids, run_dir / "slurm")
-    typer.echo(f"cancelled {', '.join(record.job_ids)}")
+    typer.echo(cancel_run(*_load(run, runs_dir)))
 
 
 @app.command("requeue")
@@ -191,7 +164,7 @@ def requeue(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     run_dir, record = _load(run, runs_dir)
     if record.launcher != "slurm":
         raise FluxClusterError(f"{run_dir}: only Slurm runs can be requeued")
-    from flux_cluster import slurm
+    from flux_cluster.launch import slurm
 
     slurm.requeue(record.job_ids)
     typer.echo(f"requeued {', '.join(record.job_ids)}")

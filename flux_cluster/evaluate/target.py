@@ -59,7 +59,7 @@ def weights_in(folder: Path) -> tuple[Path, WeightsKind] | None:
 
 
 def resolve_target(path: Path, exp: int) -> Target:
-    from flux_cluster.rundir import CONFIG_FILE
+    from flux_cluster.launch.rundir import CONFIG_FILE
 
     expected = (
         "expected a run directory (config.yaml, results/best_<i>/), LoRA weights (.safetensors file or its "
@@ -82,7 +82,7 @@ def resolve_target(path: Path, exp: int) -> Target:
 
 
 def _run_target(run_dir: Path, exp: int) -> Target:
-    from flux_cluster.rundir import CONFIG_FILE, read_run_config
+    from flux_cluster.launch.rundir import CONFIG_FILE, read_run_config
 
     try:
         system, _job = read_run_config(run_dir / CONFIG_FILE)

@@ -15,6 +15,9 @@ class JobKind:
     """True: walltime comes from the system's mlperf.run_minutes; False: the job is short (minutes)."""
     writes_data: bool = False
     """Data preparation: the data root is mounted read-write and the download (source) root too."""
+    minutes: int = 10
+    """Walltime budget of one repeat when it does not come from the system (model load and compile
+    included)."""
 
 
 JOBS: dict[str, JobKind] = {
@@ -24,6 +27,14 @@ JOBS: dict[str, JobKind] = {
         description="MLPerf flux1 training (FSDP2/HSDP), to the quality target",
         writes_mlperf_log=True,
         run_minutes_from_system=True,
+    ),
+    "throughput": JobKind(
+        name="throughput",
+        module="flux_cluster.jobs.throughput",
+        description="The training step for warm-up then timed steps, no evaluation: samples/s, MFU, memory",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+        minutes=20,
     ),
     "preflight": JobKind(
         name="preflight",
@@ -47,7 +58,7 @@ ENCODE_STAGES = ("encode", "encode-finish")
 
 
 def data_job(stage: str) -> JobKind:
-    """The Slurm job of one prepare-data or data encode stage (see flux_cluster/data_jobs.py)."""
+    """The Slurm job of one prepare-data or data encode stage (see flux_cluster/launch/data_jobs.py)."""
     command = "data encode" if stage in ENCODE_STAGES else "prepare-data"
     return JobKind(
         name=f"data-{stage}",
@@ -58,9 +69,6 @@ def data_job(stage: str) -> JobKind:
         writes_data=True,
     )
 
-
-PREFLIGHT_MINUTES = 10
-"""Walltime budget of one preflight repeat, soak time added on top."""
 
 NOT_CONVERGED_EXIT_CODE = 3
 """Exit code of a pretraining run whose sample budget ran out before the quality target (run_stop

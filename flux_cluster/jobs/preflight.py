@@ -24,7 +24,7 @@ import torch.distributed as dist
 from flux_cluster.atomic import write_atomic
 from flux_cluster.dist import DistInfo, init_distributed
 from flux_cluster.jobs.signals import StopRequest, finish_interrupted
-from flux_cluster.rundir import read_run_config
+from flux_cluster.launch.rundir import read_run_config
 
 
 def accelerator_report() -> dict[str, Any]:

@@ -6,8 +6,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # Importing diffusers imports torchao when it is installed (fp8 training needs it); on machines without
-# its GPU kernels torchao and torch log a warning per kernel library and enum, which say nothing to a user.
-for _name in ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer"):
+# its GPU kernels torchao and torch log a warning per kernel library and enum, which say nothing to a user;
+# bitsandbytes (imported by peft) warns on CPUs with AVX512-BF16 that an optional 4-bit kernel is missing.
+for _name in (
+    "torchao",
+    "torch.utils._pytree",
+    "diffusers.quantizers.torchao.torchao_quantizer",
+    "bitsandbytes.backends.cpu.ops",
+):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 

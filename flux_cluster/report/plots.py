@@ -8,7 +8,8 @@ go to separate panels, each with its own sample axis.
 import functools
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,6 +90,20 @@ def _svg(figure: "Figure") -> str:
     FigureCanvasSVG(figure).print_svg(buffer, metadata={"Date": None})
     text = buffer.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog: the SVG goes inline in HTML
+
+
+@contextmanager
+def report_figure(title: str) -> Iterator[tuple["Figure", "Axes"]]:
+    """A figure and its axes drawn in the report's style (for plots outside this module: sweeps)."""
+    import matplotlib
+
+    with matplotlib.rc_context(_STYLE):
+        yield _figure(title)
+
+
+def figure_svg(figure: "Figure") -> str:
+    """A figure as inline SVG, as every plot of the report."""
+    return _svg(figure)
 
 
 def _figure(title: str, width: float = 7.5, height: float = 4.0) -> tuple["Figure", "Axes"]:

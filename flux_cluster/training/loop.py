@@ -32,7 +32,7 @@ from flux_cluster.dist import DistInfo, init_distributed
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
 from flux_cluster.jobs.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
-from flux_cluster.rundir import lock_repeat
+from flux_cluster.launch.rundir import lock_repeat
 from flux_cluster.training.attention import attention_backend, probe_backend
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, step_of
 from flux_cluster.training.flops import training_flops_per_sample
@@ -48,7 +48,7 @@ from flux_cluster.training.model import (
 )
 from flux_cluster.training.optimizers import build_optimizer
 from flux_cluster.training.parallelize import make_mesh, parallelize
-from flux_cluster.training.peak import measure_gemm_peak
+from flux_cluster.training.peak import GemmPeak, measure_gemm_peak
 from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
 from flux_cluster.training.workload import ModelArgs, TrainingPlan
 
@@ -166,43 +166,11 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         mllog.event("target_accuracy", value=schedule.target)  # no constant for it
 
     # ---- model, sharding, optimizer, data
-    dtype = getattr(torch, cfg.param_dtype)
-    torch.manual_seed(ctx.seed)  # the same initial weights on every rank
-    model = build_model(plan.model_args, cfg.pretrained_path if cfg.mode != "pretrain" else None)
-    if cfg.mode == "lora":
-        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
-        if cfg.lora_init:
-            try:
-                load_lora_init(model, Path(cfg.lora_init), cfg.lora_rank, cfg.lora_targets)
-            except FluxClusterError as exc:
-                raise SystemExit(f"error: {exc}") from None
-    mesh = make_mesh(info.device, plan.dp_replicate, plan.dp_shard)
-    parallelize(
-        model,
-        mesh,
-        info.device,
-        param_dtype=dtype,
-        activation_checkpointing=cfg.activation_checkpointing,
-        compile_blocks=cfg.compile,
-        precision=cfg.precision,
-    )
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(cfg.optimizer, params, plan.learning_rate, info.device)
-    warmup = plan.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-    )
-    loader = train_loader(
-        ctx.data_dir,
-        batch_size=cfg.micro_batch_size,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=ctx.seed,
-        num_workers=cfg.loader_workers,
-        cfg_dropout=cfg.cfg_dropout,
-    )
-    # Each rank draws its own latents, noise and times (a distinct seed per data-parallel rank).
-    generator = torch.Generator(info.device).manual_seed(ctx.seed * 100_003 + info.rank)
+    trainer = build_trainer(plan, info, ctx.seed)
+    model, params, optimizer, scheduler = trainer.model, trainer.params, trainer.optimizer, trainer.scheduler
+    dtype, warmup = trainer.dtype, plan.warmup_steps
+    loader = plan_loader(plan, ctx.data_dir, info, ctx.seed)
+    generator = step_generator(info, ctx.seed)
 
     progress = Progress(evals=[])
     if resume_from is not None:
@@ -226,27 +194,11 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         _say(rank0, f"resumed from {resume_from} at step {progress.step} ({progress.samples:,} samples)")
 
     model_args = ModelArgs.of(model.config)  # a pretrained checkpoint's own shape, not the preset's
-    image_tokens, text_tokens = _token_counts(ctx, model_args)
-    flops_per_sample = training_flops_per_sample(model_args.shape(), image_tokens, text_tokens)
-    try:
-        kernel = probe_backend(
-            cfg.attention_backend,
-            info.device,
-            dtype,
-            model_args.num_attention_heads,
-            model_args.attention_head_dim,
-            image_tokens + text_tokens,
-        )
-    except RuntimeError as exc:
-        raise SystemExit(f"{ctx.config_filename}: {exc}") from None
-    peak = measure_gemm_peak(info.device, dtype)
-    _say(
-        rank0,
-        f"attention kernel: {kernel} (train.attention_backend {cfg.attention_backend}); measured "
-        f"{peak.dtype} GEMM peak {peak.tflops:.3g} TFLOP/s at {'x'.join(map(str, peak.shape))} "
-        f"(datasheet: {ctx.system.peak_bf16_tflops:g})",
+    image_tokens, text_tokens = token_counts(ctx.data_dir, model_args, plan.train.model)
+    facts = measure_facts(
+        ctx.system, plan, info, dtype, model_args, image_tokens, text_tokens, ctx.config_filename
     )
-    meter = _Meter(ctx, info, flops_per_sample, peak.tflops, kernel)
+    meter = _Meter(ctx, info, facts.flops_per_sample, facts.peak.tflops, facts.kernel)
     tensorboard = _tensorboard(ctx) if rank0 and cfg.tensorboard else None
     _say(
         rank0,
@@ -274,9 +226,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             block_samples = schedule.block_steps(progress.step) * cfg.global_batch_size
             mllog.start(c.BLOCK_START, metadata={"samples_count": block_samples, "step": progress.step})
             in_block = True
-        loss, grad_norm, data_wait = _train_step(
-            model, optimizer, params, batches, generator, ctx, info, dtype
-        )
+        loss, grad_norm, data_wait = train_step(trainer, batches, generator, plan, info)
         scheduler.step()
         progress.step += 1
         progress.samples += cfg.global_batch_size
@@ -336,19 +286,125 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     return NOT_CONVERGED_EXIT_CODE if status == "aborted" and cfg.mode == "pretrain" else 0
 
 
-def _train_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
-    batches: Any,
-    generator: torch.Generator,
-    ctx: JobContext,
+@dataclass
+class Trainer:
+    """The model as it trains: sharded, compiled, with its optimizer and learning-rate schedule."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    dtype: torch.dtype
+
+
+def build_trainer(plan: TrainingPlan, info: DistInfo, seed: int) -> Trainer:
+    """The model (random init, or pretrained with LoRA adapters), sharded by FSDP2 with checkpointing and
+    compile per block, its optimizer and linear warmup. The same on every rank: seeded before init."""
+    cfg = plan.train
+    dtype = getattr(torch, cfg.param_dtype)
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    model = build_model(plan.model_args, cfg.pretrained_path if cfg.mode != "pretrain" else None)
+    if cfg.mode == "lora":
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+        if cfg.lora_init:
+            try:
+                load_lora_init(model, Path(cfg.lora_init), cfg.lora_rank, cfg.lora_targets)
+            except FluxClusterError as exc:
+                raise SystemExit(f"error: {exc}") from None
+    mesh = make_mesh(info.device, plan.dp_replicate, plan.dp_shard)
+    parallelize(
+        model,
+        mesh,
+        info.device,
+        param_dtype=dtype,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compile_blocks=cfg.compile,
+        precision=cfg.precision,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(cfg.optimizer, params, plan.learning_rate, info.device)
+    warmup = plan.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+    )
+    return Trainer(model, params, optimizer, scheduler, dtype)
+
+
+def plan_loader(plan: TrainingPlan, data_dir: Path, info: DistInfo, seed: int) -> Any:
+    """This rank's Energon loader of the train split, as the plan sets it (micro-batch, workers, CFG)."""
+    cfg = plan.train
+    return train_loader(
+        data_dir,
+        batch_size=cfg.micro_batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=seed,
+        num_workers=cfg.loader_workers,
+        cfg_dropout=cfg.cfg_dropout,
+    )
+
+
+def step_generator(info: DistInfo, seed: int) -> torch.Generator:
+    """Each rank draws its own latents, noise and times (a distinct seed per data-parallel rank)."""
+    return torch.Generator(info.device).manual_seed(seed * 100_003 + info.rank)
+
+
+@dataclass(frozen=True)
+class MeasuredFacts:
+    """What throughput figures are computed from: FLOPs per sample, the attention kernel, the GEMM peak."""
+
+    flops_per_sample: float
+    kernel: str
+    peak: GemmPeak
+    """The measured dense-matmul TFLOP/s of this device."""
+
+
+def measure_facts(
+    system: SystemConfig,
+    plan: TrainingPlan,
     info: DistInfo,
     dtype: torch.dtype,
+    model_args: ModelArgs,
+    image_tokens: int,
+    text_tokens: int,
+    config_filename: str,
+) -> MeasuredFacts:
+    """Probe the attention kernel at the run's shapes (a bad train.attention_backend is one line) and
+    measure the GEMM peak; rank 0 says both."""
+    cfg = plan.train
+    try:
+        kernel = probe_backend(
+            cfg.attention_backend,
+            info.device,
+            dtype,
+            model_args.num_attention_heads,
+            model_args.attention_head_dim,
+            image_tokens + text_tokens,
+        )
+    except RuntimeError as exc:
+        raise SystemExit(f"{config_filename}: {exc}") from None
+    peak = measure_gemm_peak(info.device, dtype)
+    _say(
+        info.rank == 0,
+        f"attention kernel: {kernel} (train.attention_backend {cfg.attention_backend}); measured "
+        f"{peak.dtype} GEMM peak {peak.tflops:.3g} TFLOP/s at {'x'.join(map(str, peak.shape))} "
+        f"(datasheet: {system.peak_bf16_tflops:g})",
+    )
+    flops = training_flops_per_sample(model_args.shape(), image_tokens, text_tokens)
+    return MeasuredFacts(flops, kernel, peak)
+
+
+def train_step(
+    trainer: Trainer,
+    batches: Any,
+    generator: torch.Generator,
+    plan: TrainingPlan,
+    info: DistInfo,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One optimizer step over grad_accum_steps micro-batches; returns (mean loss, gradient norm, seconds
     spent waiting for the loader)."""
-    accumulate = ctx.plan.grad_accum_steps
+    model, optimizer = trainer.model, trainer.optimizer
+    accumulate = plan.grad_accum_steps
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=info.device)
     data_wait = 0.0
@@ -369,13 +425,13 @@ def _train_step(
             t,
             batch.t5.to(info.device, non_blocking=True),
             batch.clip.to(info.device, non_blocking=True),
-            dtype,
-            ctx.plan.train.guidance_scale,
+            trainer.dtype,
+            plan.train.guidance_scale,
         )
         loss = F.mse_loss(prediction.float(), target)
         (loss / accumulate).backward()
         total += loss.detach() / accumulate
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, GRADIENT_CLIP_NORM)
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainer.params, GRADIENT_CLIP_NORM)
     optimizer.step()
     return total, grad_norm, data_wait
 
@@ -549,13 +605,13 @@ def _split_size(root: Path, split: str) -> int | None:
     return sum(n for name, n in counts.items() if name.startswith(f"{split}/")) or None
 
 
-def _token_counts(ctx: JobContext, args: ModelArgs) -> tuple[int, int]:
+def token_counts(data_dir: Path, args: ModelArgs, model_name: str) -> tuple[int, int]:
     """(image tokens, text tokens) of this dataset, from one val sample, checked against the model."""
-    batch = next(iter(val_loader(ctx.data_dir, batch_size=1, rank=0, world_size=1)))
+    batch = next(iter(val_loader(data_dir, batch_size=1, rank=0, world_size=1)))
     if batch.t5.shape[-1] != args.joint_attention_dim or batch.clip.shape[-1] != args.pooled_projection_dim:
         raise SystemExit(
-            f"{ctx.data_dir}: T5 width {batch.t5.shape[-1]} and CLIP width {batch.clip.shape[-1]} do not fit "
-            f"model {ctx.plan.train.model!r} (joint_attention_dim {args.joint_attention_dim}, "
+            f"{data_dir}: T5 width {batch.t5.shape[-1]} and CLIP width {batch.clip.shape[-1]} do not fit "
+            f"model {model_name!r} (joint_attention_dim {args.joint_attention_dim}, "
             f"pooled_projection_dim {args.pooled_projection_dim}); choose another train.model or dataset"
         )
     height, width = batch.mean.shape[-2:]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from flux_cluster.rundir import CONFIG_FILE, RunRecord, lock_held, repeat_done, repeat_lock_path
+from flux_cluster.launch.rundir import CONFIG_FILE, RunRecord, lock_held, repeat_done, repeat_lock_path
 
 LOCAL_LOG = "local.log"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.jobs import data_job
-from flux_cluster.plan import JobPlan
+from flux_cluster.launch.plan import JobPlan
 
 ARRAY_STAGES = ("convert", "encode")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from flux_cluster import __version__
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.jobs import JOBS, PREFLIGHT_MINUTES, JobKind
+from flux_cluster.jobs import JOBS, JobKind
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class JobPlan:
 
     @property
     def run_minutes(self) -> int:
-        base = self.system.mlperf.run_minutes if self.job.run_minutes_from_system else PREFLIGHT_MINUTES
+        base = self.system.mlperf.run_minutes if self.job.run_minutes_from_system else self.job.minutes
         return base + self.extra_minutes
 
     @property

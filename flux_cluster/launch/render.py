@@ -10,7 +10,7 @@ from functools import cache
 
 import jinja2
 
-from flux_cluster.plan import JobPlan
+from flux_cluster.launch.plan import JobPlan
 from flux_cluster.resources import templates_dir
 
 

@@ -1,0 +1,300 @@
+"""flux-cluster from Python: the library under the CLI. Importing this module imports no torch.
+
+    from flux_cluster import api
+
+    best = api.sweep("local", {"train.micro_batch_size": [1, 2, 4, 8]}, synthetic=True).best()
+    run = api.submit("dgx_h100x8", overrides=["train.compile=true"])   # -> Run
+    run.wait(); print(run.status(), run.logs()[-2000:])
+    print(api.report([run.run_dir]).to_json())
+
+Errors are flux_cluster.errors.FluxClusterError, one line each (the CLI prints them as 'error: ...').
+"""
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.launch.rundir import RunRecord
+from flux_cluster.launch.sweep_state import THROUGHPUT_FILE, SweepState, summary_rows
+
+if TYPE_CHECKING:
+    from flux_cluster.config.schema import SystemConfig
+    from flux_cluster.report.scoring import GroupResult
+    from flux_cluster.report.sweep import SweepReport
+
+__all__ = [
+    "FluxClusterError",
+    "Report",
+    "Run",
+    "Sweep",
+    "load_system",
+    "open_run",
+    "open_sweep",
+    "report",
+    "submit",
+    "sweep",
+]
+
+
+def load_system(name: str, overrides: Sequence[str] = ()) -> "SystemConfig":
+    """A system's validated config (configs/systems/<name>.yaml or a YAML file) with KEY=VALUE overrides."""
+    from flux_cluster.config import load_system as load
+
+    return load(name, list(overrides)).config
+
+
+@dataclass
+class Run:
+    """A launched run, followed through its run directory (any process can open it again: open_run)."""
+
+    run_dir: Path
+    exit_code: int | None = None
+    """A local run's exit code (set when submit ran it here)."""
+
+    @property
+    def record(self) -> RunRecord:
+        record = RunRecord.load(self.run_dir)
+        if record is None:
+            raise FluxClusterError(f"{self.run_dir}: no jobs.json: the run was never started")
+        return record
+
+    @property
+    def job_ids(self) -> list[str]:
+        return list(self.record.job_ids)
+
+    def states(self) -> dict[str, str]:
+        """Job (array task) id -> its Slurm state; a local run: {'local': COMPLETED/RUNNING/FAILED (...)}."""
+        from flux_cluster.launch.track import run_states
+
+        return run_states(self.run_dir, self.record)
+
+    def status(self) -> str:
+        """One word for the whole run: the jobs' states, joined when they differ."""
+        return ", ".join(sorted(set(self.states().values())))
+
+    def done(self) -> bool:
+        from flux_cluster.launch.track import is_final
+
+        return all(is_final(state) for state in self.states().values())
+
+    def wait(self, poll_s: float = 5.0, timeout_s: float | None = None) -> str:
+        """Block until every job has ended; returns status(). timeout_s: a FluxClusterError after it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.done():
+            if deadline is not None and time.monotonic() > deadline:
+                raise FluxClusterError(f"{self.run_dir}: still {self.status()} after {timeout_s:g} s")
+            time.sleep(poll_s)
+        return self.status()
+
+    def logs(self, stderr: bool = False) -> str:
+        """The jobs' output so far, every job's in turn."""
+        from flux_cluster.launch.track import log_files
+
+        parts = [
+            p.read_text(errors="replace") for p in log_files(self.run_dir, self.record, stderr) if p.is_file()
+        ]
+        return "".join(parts)
+
+    def cancel(self) -> str:
+        from flux_cluster.launch.track import cancel_run
+
+        return cancel_run(self.run_dir, self.record)
+
+    def throughput(self) -> dict[str, Any] | None:
+        """A throughput job's record (results/throughput.json), None until it is written."""
+        import json
+
+        path = self.run_dir / "results" / THROUGHPUT_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def submit(
+    system: str = "local",
+    job: str = "train",
+    overrides: Sequence[str] = (),
+    *,
+    synthetic: bool = False,
+    warmup_steps: int = 5,
+    steps: int = 20,
+    nexp: int | None = None,
+    seed: int | None = None,
+    experiment: str | None = None,
+    runs_dir: Path | str | None = None,
+    dependency: str | None = None,
+    dry_run: bool = False,
+    echo: bool = False,
+) -> Run:
+    """flux-cluster submit: a Slurm system returns once queued; local returns when the run has ended.
+    echo: copy a local job's output to stdout too (it is always in the run's log)."""
+    from flux_cluster.launch.submit import LaunchRequest, launch, throughput_args
+
+    request = LaunchRequest(
+        system=system,
+        job=job,
+        overrides=list(overrides),
+        nexp=nexp,
+        seed=seed,
+        experiment=experiment,
+        runs_dir=Path(runs_dir) if runs_dir is not None else None,
+        dependency=dependency,
+        dry_run=dry_run,
+        job_args=throughput_args(warmup_steps, steps) if job == "throughput" else (),
+        synthetic=synthetic,
+        echo=echo,
+    )
+    launched = launch(request)
+    return Run(launched.run_dir, launched.exit_code)
+
+
+def open_run(run: str | Path | None = None, runs_dir: Path | str | None = None) -> Run:
+    """An existing run: a path, '<experiment>/<name>', a unique suffix, or None for the latest."""
+    from flux_cluster.launch.track import load_run
+
+    run_dir, _ = load_run(run, Path(runs_dir) if runs_dir is not None else None)
+    return Run(run_dir)
+
+
+@dataclass
+class Sweep:
+    """A sweep folder (runs/<sweep>/): its points, their states and figures."""
+
+    folder: Path
+
+    def state(self) -> SweepState:
+        """The points as they stand now (running ones read again from their run directories)."""
+        from flux_cluster.launch.sweep import refresh
+
+        return refresh(self.folder)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """runs_summary.csv's rows, as numbers and strings."""
+        return summary_rows(self.state())
+
+    def wait(self, poll_s: float = 10.0) -> SweepState:
+        from flux_cluster.launch.sweep import wait
+
+        return wait(self.folder, poll_s)
+
+    def resume(self) -> "Sweep":
+        """Run again the points that have no answer (not ok, oom or 'not converged')."""
+        from flux_cluster.launch.sweep import run_sweep
+
+        run_sweep(self.folder)
+        return self
+
+    def report(self) -> "SweepReport":
+        from flux_cluster.report.sweep import sweep_report
+
+        return sweep_report(self.folder)
+
+    def best(self) -> dict[str, Any] | None:
+        """The fastest point that ran (status ok), by samples/s; None if none did."""
+        ok = [r for r in self.rows() if r["status"] == "ok" and r["samples_per_s"] is not None]
+        return max(ok, key=lambda r: r["samples_per_s"], default=None)
+
+
+def sweep(
+    system: str,
+    grid: Mapping[str, Iterable[Any]] | Sequence[str],
+    job: str = "throughput",
+    overrides: Sequence[str] = (),
+    *,
+    synthetic: bool = False,
+    name: str | None = None,
+    runs_dir: Path | str | None = None,
+    here: bool = False,
+    max_parallel: int | None = None,
+    warmup_steps: int = 5,
+    steps: int = 20,
+) -> Sweep:
+    """flux-cluster sweep. grid: {key: values} (values as Python values or strings) or ['KEY=V1,V2', ...].
+    Local: returns when every point has ended; Slurm: once all are queued (Sweep.wait())."""
+    from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid, run_sweep
+
+    if isinstance(grid, Mapping):
+        items = [f"{key}={','.join(_set_value(v) for v in values)}" for key, values in grid.items()]
+    else:
+        items = list(grid)
+    request = SweepRequest(
+        system=system,
+        grid=parse_grid(items),
+        job=job,
+        overrides=list(overrides),
+        synthetic=synthetic,
+        name=name,
+        runs_dir=Path(runs_dir) if runs_dir is not None else None,
+        here=here,
+        max_parallel=max_parallel,
+        warmup_steps=warmup_steps,
+        steps=steps,
+    )
+    folder, _ = create_sweep(request)
+    run_sweep(folder)
+    return Sweep(folder)
+
+
+def open_sweep(spec: str | Path, runs_dir: Path | str | None = None) -> Sweep:
+    """An existing sweep folder, by path or by name under the runs directory."""
+    from flux_cluster.launch.sweep import find_sweep
+
+    return Sweep(find_sweep(spec, Path(runs_dir) if runs_dir is not None else None))
+
+
+def _set_value(value: Any) -> str:
+    """A Python value as --set writes it (YAML): True -> true."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class Report:
+    """What flux-cluster report computes, as typed objects: scored groups of result logs and sweeps."""
+
+    groups: "list[GroupResult]" = field(default_factory=list)
+    sweeps: "list[SweepReport]" = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The document 'flux-cluster report --format json' writes (a sweep's when the paths are sweeps)."""
+        from flux_cluster.report.formats import finite_for_json, to_document
+
+        if self.sweeps:
+            from flux_cluster.report.sweep import sweep_document
+
+            return finite_for_json(sweep_document(self.sweeps))
+        return finite_for_json(to_document(self.groups))
+
+
+def report(
+    paths: Sequence[Path | str],
+    *,
+    check: bool = True,
+    ruleset: str | None = None,
+    price: float | None = None,
+    prices: Mapping[str, float] | None = None,
+    peak_tflops: float | None = None,
+) -> Report:
+    """flux-cluster report PATHS: result logs scored as MLPerf does, fine-tuning and evaluation figures,
+    or sweep folders' points."""
+    from flux_cluster.launch.sweep_state import is_sweep_folder
+
+    roots = [Path(p) for p in paths]
+    sweeps = [p for p in roots if is_sweep_folder(p)]
+    if sweeps:
+        if len(sweeps) != len(roots):
+            raise FluxClusterError("report sweep folders on their own, not with other paths")
+        from flux_cluster.report.sweep import sweep_report
+
+        return Report(sweeps=[sweep_report(p) for p in sweeps])
+    from flux_cluster.report.build import Options, build
+
+    for root in roots:
+        if not root.exists():
+            raise FluxClusterError(f"{root}: no such file or directory")
+    options = Options(
+        check=check, ruleset=ruleset, price=price, prices=dict(prices or {}), peak_tflops=peak_tflops
+    )
+    return Report(groups=build(roots, options))

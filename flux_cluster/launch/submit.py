@@ -1,0 +1,290 @@
+"""Launch one job: resolve the system, write the run directory, render the script, then run it here
+(launcher local) or submit it to Slurm. The CLI's submit/preflight and the Python API (flux_cluster.api)
+both call :func:`launch`; nothing here prints to stdout but a local job's own output (echo)."""
+
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flux_cluster.console import cli_console
+from flux_cluster.errors import FluxClusterError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flux_cluster.config.schema import SystemConfig
+    from flux_cluster.launch.plan import JobPlan
+    from flux_cluster.launch.rundir import RunRecord
+
+# Run paths go into #SBATCH lines (sbatch neither unquotes them nor leaves '%' alone) and into
+# bind-mount specs (',' and ':' separate entries there): keep them to these characters.
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_@+=./-]+$")
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One job to launch, as the CLI or the API asks for it."""
+
+    system: str
+    """A system name (configs/systems/<name>.yaml) or a YAML file."""
+    job: str = "train"
+    """A job of flux_cluster.jobs.JOBS: train, throughput, preflight, evaluate."""
+    overrides: list[str] = field(default_factory=list)
+    """--set KEY=VALUE overrides, applied in order."""
+    nexp: int | None = None
+    seed: int | None = None
+    experiment: str | None = None
+    """Groups runs under runs/<experiment>/; None: the workload (train) or the job's name."""
+    runs_dir: Path | None = None
+    dependency: str | None = None
+    dry_run: bool = False
+    job_args: tuple[str, ...] = ()
+    """Extra arguments for the job module (preflight --soak-seconds, throughput --steps)."""
+    extra_minutes: int = 0
+    synthetic: bool = False
+    """throughput: synthetic in-memory batches of the real shapes; no dataset is read or made."""
+    run_name: str | None = None
+    """The run directory's name after its timestamp; None: the system's name."""
+    echo: bool = True
+    """Local runs: copy the job's output to stdout as well as to its log."""
+
+
+@dataclass
+class Launched:
+    """What launch did: the run directory, the plan and script, and the job ids or exit code."""
+
+    run_dir: Path
+    plan: "JobPlan"
+    script: str
+    record: "RunRecord"
+    exit_code: int | None = None
+    """A local run's exit code (it ran to its end inside launch); None for Slurm and dry runs."""
+
+
+def throughput_args(warmup_steps: int, steps: int) -> tuple[str, ...]:
+    """The throughput job's arguments (flux_cluster/jobs/throughput.py)."""
+    return ("--warmup-steps", str(warmup_steps), "--steps", str(steps))
+
+
+TRAINING_JOBS = ("train", "throughput")
+"""Jobs that train, so resolve the train section into a plan (and need data unless synthetic)."""
+
+
+def launch(request: LaunchRequest, console: "Console | None" = None) -> Launched:
+    """Launch one job. Slurm: returns once it is queued. Local: returns when it has ended."""
+    from flux_cluster.config import load_system
+    from flux_cluster.config.schema import PLAIN_NAME_PATTERN
+    from flux_cluster.launch.plan import make_plan
+    from flux_cluster.launch.render import render_script
+    from flux_cluster.launch.rundir import create_run_dir, runs_root
+
+    overrides: list[str | tuple[str, str]] = list(request.overrides)
+    if request.nexp is not None:
+        overrides.append((f"mlperf.nexp={request.nexp}", "--nexp"))
+    if request.seed is not None:
+        overrides.append((f"mlperf.seed_base={request.seed}", "--seed"))
+    if request.job == "throughput":  # one measurement per run: repeats are a sweep's business
+        overrides.append(("mlperf.nexp=1", "--job throughput"))
+    console = console or cli_console(stderr=True)
+    config = load_system(request.system, overrides).config
+    seed_base = config.mlperf.seed_base
+    if seed_base is None:  # drawn once and recorded in the run's config, so the run is reproducible
+        seed_base = secrets.randbelow(2**31 - config.mlperf.nexp)
+        config = config.model_copy(
+            update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
+        )
+    # train runs group under their workload (flux1, finetune), other jobs under the job's name
+    experiment = request.experiment or (config.train.benchmark if request.job == "train" else request.job)
+    if not re.fullmatch(PLAIN_NAME_PATTERN, experiment):
+        raise FluxClusterError(f"--experiment {experiment!r}: one name of letters, digits and _.- (no '/')")
+    root = runs_root(request.runs_dir, config).absolute()
+    if config.launcher == "slurm":
+        check_slurm_path(root)
+    training = None
+    job_args = request.job_args
+    if request.synthetic:
+        if request.job != "throughput":
+            raise FluxClusterError(f"--synthetic: only the throughput job takes it (got --job {request.job})")
+        job_args = (*job_args, "--synthetic")
+    if request.job in TRAINING_JOBS:
+        from flux_cluster.training.workload import resolve_training
+
+        config = _with_training_data(
+            config, make=not request.dry_run, console=console, data=not request.synthetic
+        )
+        training = resolve_training(config).model_dump(mode="json")
+
+    run_dir = create_run_dir(root, experiment, request.run_name or config.name)
+    plan = make_plan(
+        config,
+        request.job,
+        run_dir,
+        experiment,
+        seed_base,
+        job_args,
+        request.dependency,
+        request.extra_minutes,
+    )
+    script = render_script(plan)
+    prepare_run_dir(plan, script, training)
+    _warn_if_image_missing(config, console)
+    from flux_cluster.launch.rundir import RunRecord
+
+    if request.dry_run:
+        record = RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time())
+        record.save(run_dir)
+        return Launched(run_dir, plan, script, record)
+    if config.launcher == "local":
+        return _run_here(plan, script, console, request.echo)
+    return _submit(plan, script, console)
+
+
+def _warn_if_image_missing(config: "SystemConfig", console: "Console") -> None:
+    """A missing .sqsh fails the job only when it starts, after its wait in the queue: say so now."""
+    if config.container.runtime != "pyxis":
+        return  # docker/podman images live on the compute nodes, not on this login node
+    from flux_cluster.image.status import image_status
+
+    status = image_status(config.container)
+    if status is not None and status.present is False:
+        console.print(
+            f"warning: {status.detail}; the job fails at start unless the compute nodes see it "
+            f"(build it: flux-cluster image build --system {config.name})",
+            markup=False,
+            highlight=False,
+        )
+
+
+def check_slurm_path(path: Path) -> None:
+    if not _SAFE_PATH.fullmatch(str(path)):
+        raise FluxClusterError(
+            f"{str(path)!r}: Slurm jobs need paths of letters, digits and _@+=./- only (no spaces); "
+            "choose another (--runs-dir, --input, --output)"
+        )
+
+
+def _with_training_data(
+    config: "SystemConfig", make: bool, console: "Console", data: bool = True
+) -> "SystemConfig":
+    """Systems with train.synthetic_data get their dataset made here (once, on this host) when they name
+    no data root (the user cache) or an existing empty one; other systems must name an existing prepared
+    root. A named root that does not exist is an error, never created. data False (a throughput job on
+    synthetic batches): no dataset at all."""
+    from data_prep.ensure import check_synthetic_root, default_root, ensure_synthetic_root
+
+    spec, data_root = config.train.synthetic_data, config.paths.data_root
+    bare_metal = config.container.runtime == "none"  # else paths may be the cluster's, not this host's
+    pretrained = config.train.pretrained_path
+    if bare_metal and config.train.mode != "pretrain" and pretrained and not Path(pretrained).is_dir():
+        raise FluxClusterError(
+            f"train.pretrained_path: {pretrained} is not a folder (a diffusers checkpoint)"
+        )
+    if bare_metal:  # the ranks start in the run directory: a path relative to here must not change meaning
+        config = _absolute_paths(config)
+        data_root = config.paths.data_root
+    lora_init = config.train.lora_init
+    if bare_metal and lora_init and not Path(lora_init).is_file():
+        raise FluxClusterError(f"train.lora_init: {lora_init} is not a file (a LoRA .safetensors)")
+    if not data:
+        return config
+    if spec is None:
+        if data_root is None:
+            raise FluxClusterError(
+                f"system {config.name}: paths.data_root is not set; point it at a prepared Energon root "
+                "(flux-cluster prepare-data) or use --set paths.data_root=PATH"
+            )
+        if bare_metal and make and not (Path(data_root) / ".nv-meta").is_dir():
+            raise FluxClusterError(
+                f"paths.data_root: {data_root} holds no Energon dataset (.nv-meta); "
+                "run 'flux-cluster prepare-data' first"
+            )
+        return config
+    root = (Path(data_root) if data_root else default_root(spec)).absolute()
+    if data_root:
+        check_synthetic_root(spec, root)  # a dry run too: its script would fail on the same root
+    if make:
+        ensure_synthetic_root(spec, root, console, explicit=bool(data_root))
+    paths = config.paths.model_copy(update={"data_root": str(root)})
+    return config.model_copy(update={"paths": paths})
+
+
+def _absolute_paths(config: "SystemConfig") -> "SystemConfig":
+    """This host's relative paths (train.pretrained_path, train.lora_init, paths.data_root) made absolute."""
+    train = {
+        k: str(Path(v).absolute())
+        for k in ("pretrained_path", "lora_init")
+        if (v := getattr(config.train, k))
+    }
+    paths = {"data_root": str(Path(config.paths.data_root).absolute())} if config.paths.data_root else {}
+    return config.model_copy(
+        update={
+            "train": config.train.model_copy(update=train),
+            "paths": config.paths.model_copy(update=paths),
+        }
+    )
+
+
+def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) -> None:
+    """The run directory: resolved config (read by every rank), the script, the Slurm log folder."""
+    from flux_cluster.atomic import write_atomic
+    from flux_cluster.launch.rundir import SCRIPT_FILE, write_run_config
+
+    job_section = {
+        "name": plan.job.name,
+        "module": plan.job.module,
+        "experiment": plan.experiment,
+        "seed_base": plan.seed_base,
+        "nexp": plan.nexp,
+        "args": list(plan.job_args),
+    }
+    if training is not None:
+        job_section["training"] = training
+    write_run_config(plan.run_dir, plan.system, job_section)
+    write_atomic(plan.run_dir / SCRIPT_FILE, script, mode=0o755)
+    if plan.system.launcher == "slurm":  # the job reads them at run time, not from Slurm (README: Secrets)
+        from flux_cluster.config.secrets import store_secrets
+
+        store_secrets(plan.system.secrets)
+    plan.slurm_dir.mkdir(exist_ok=True)  # Slurm opens --output there before the script starts
+
+
+def _run_here(plan: "JobPlan", script: str, console: "Console", echo: bool) -> Launched:
+    from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
+    from flux_cluster.launch.local_runner import run_local
+    from flux_cluster.launch.rundir import SCRIPT_FILE, RunRecord
+
+    console.print(
+        f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
+        f"{plan.system.gpus_per_node} local processes)"
+    )
+    code = run_local(plan.run_dir / SCRIPT_FILE, plan.run_dir, echo=echo)
+    if code == 0:
+        verdict = "[green]COMPLETED[/green]"
+    elif code == NOT_CONVERGED_EXIT_CODE and plan.job.writes_mlperf_log:
+        verdict = f"[yellow]ENDED WITHOUT REACHING THE TARGET (exit {code})[/yellow]"
+    else:
+        verdict = f"[red]FAILED (exit {code})[/red]"
+    console.print(f"[bold]run[/bold] {plan.run_dir}: {verdict}")
+    record = RunRecord.load(plan.run_dir)
+    assert record is not None  # run_local saved it
+    return Launched(plan.run_dir, plan, script, record, exit_code=code)
+
+
+def _submit(plan: "JobPlan", script: str, console: "Console") -> Launched:
+    from flux_cluster.launch import slurm
+    from flux_cluster.launch.rundir import RunRecord
+
+    base_id = slurm.submit_script(script, plan.slurm_dir)
+    job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
+    record = RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array)
+    record.save(plan.run_dir)
+    array_note = f" (array of {plan.nexp})" if plan.is_array else ""
+    console.print(
+        f"[bold]submitted[/bold] job {base_id}{array_note} for {plan.job.name} on {plan.system.name}"
+    )
+    console.print(f"[bold]run[/bold] {plan.run_dir}")
+    console.print(f"follow it: flux-cluster logs {plan.run_dir} --follow")
+    return Launched(plan.run_dir, plan, script, record)

@@ -1,0 +1,245 @@
+"""The throughput job: the workload's training step, untimed warm-up steps then timed ones, no evaluation
+and no checkpoints; one JSON record per run (results/throughput.json) with samples/s, step time
+percentiles, TFLOP/s, MFU, peak memory and data wait. An out-of-memory error (CUDA's and HIP's both raise
+torch.OutOfMemoryError) is caught and recorded as status 'oom' with the memory figures, so a sweep can go on.
+
+Batches come from the dataset (the train split, through the same Energon loader as training) or, with
+--synthetic, are made once in memory with the dataset's shapes (flux1's 256 T5 tokens of 4096, CLIP 768,
+16x32x32 latents; the tiny shapes for the tiny model) and reused every step: no dataset, no data wait.
+"""
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from data_prep.format import DIMS, Dims
+from flux_cluster.atomic import write_atomic
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.jobs.signals import die_with_parent, under_torchrun
+from flux_cluster.launch.sweep_state import THROUGHPUT_FILE
+from flux_cluster.training.attention import attention_backend
+from flux_cluster.training.loop import (
+    build_trainer,
+    measure_facts,
+    plan_loader,
+    step_generator,
+    token_counts,
+    train_step,
+)
+from flux_cluster.training.workload import ModelArgs, TrainingPlan
+
+OOM_EXIT_CODE = 4
+"""Exit code of a throughput run that ran out of accelerator memory (its record says status 'oom')."""
+TEST_OOM_ENV = "FLUX_CLUSTER_TEST_OOM_FROM_MICRO_BATCH"
+"""Test hook: a throughput run whose micro-batch size is at least this raises torch.OutOfMemoryError in
+its first step, so the oom path (record, exit code, a sweep that goes on) is tested without a GPU."""
+
+
+@dataclass(frozen=True)
+class ThroughputJob:
+    system: SystemConfig
+    plan: TrainingPlan
+    run_dir: Path
+    data_dir: Path | None
+    """None: synthetic batches."""
+    seed: int
+    warmup_steps: int
+    steps: int
+    started: float
+    """time.monotonic() when the process started: the record's wall_s (GPU time) counts from there."""
+
+    @property
+    def record_path(self) -> Path:
+        return self.run_dir / "results" / THROUGHPUT_FILE
+
+
+@dataclass
+class _SyntheticBatch:
+    mean: torch.Tensor
+    logvar: torch.Tensor
+    t5: torch.Tensor
+    clip: torch.Tensor
+
+
+def synthetic_dims(args: ModelArgs) -> Dims:
+    """The dataset shapes that fit the model: its text widths and latent channels pick them."""
+    for dims in DIMS.values():
+        widths = (dims.t5_dim, dims.clip_dim, dims.latent_channels * 4)
+        if widths == (args.joint_attention_dim, args.pooled_projection_dim, args.in_channels):
+            return dims
+    raise SystemExit(
+        f"error: --synthetic: no known sample shape fits the model (T5 width {args.joint_attention_dim}, "
+        f"CLIP width {args.pooled_projection_dim}); measure on a dataset instead"
+    )
+
+
+def _synthetic_batches(dims: Dims, micro_batch: int, device: torch.device, seed: int) -> Any:
+    """One batch of the dataset's dtype (bf16) and shapes, on the device, for ever."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        values = torch.randn((micro_batch, *shape), generator=generator) * scale
+        return values.to(torch.bfloat16).to(device)
+
+    latent = (dims.latent_channels, dims.latent_size, dims.latent_size)
+    batch = _SyntheticBatch(
+        mean=tensor(*latent),
+        logvar=tensor(*latent, scale=0.1) - 4.0,
+        t5=tensor(dims.t5_tokens, dims.t5_dim, scale=0.5),
+        clip=tensor(dims.clip_dim, scale=0.5),
+    )
+    while True:
+        yield batch
+
+
+def measure(job: ThroughputJob) -> int:
+    """Run the measurement on this rank; returns the process exit code (0, or OOM_EXIT_CODE)."""
+    if under_torchrun():
+        die_with_parent()
+    info = init_distributed(job.system.dist_backend)
+    record = _facts(job, info)
+    try:
+        with attention_backend(job.plan.train.attention_backend, info.device):
+            record.update(_measure(job, info))
+    except torch.OutOfMemoryError as exc:
+        # Other ranks may wait in a collective for this one: no more collectives; this rank writes the
+        # record and leaves, and torchrun stops the rest.
+        message = " ".join(str(exc).split())[:300]
+        record.update(status="oom", error=f"out of memory on rank {info.rank}: {message}", **_memory(info))
+        record["wall_s"] = time.monotonic() - job.started
+        write_atomic(job.record_path, _json(record))
+        print(f"[throughput] rank {info.rank}: {record['error']}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(OOM_EXIT_CODE)
+    record["wall_s"] = time.monotonic() - job.started
+    if info.rank == 0:
+        write_atomic(job.record_path, _json(record))
+        print(f"[throughput] {_line(record)}", flush=True)
+        print(f"[throughput] record: {job.record_path}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def _facts(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
+    cfg = job.plan.train
+    return {
+        "status": "running",
+        "system": job.system.name,
+        "nodes": job.system.nodes,
+        "world_size": info.world_size,
+        "model": cfg.model,
+        "mode": cfg.mode,
+        "micro_batch_size": cfg.micro_batch_size,
+        "global_batch_size": cfg.global_batch_size,
+        "grad_accum_steps": job.plan.grad_accum_steps,
+        "param_dtype": cfg.param_dtype,
+        "precision": cfg.precision,
+        "activation_checkpointing": cfg.activation_checkpointing,
+        "compile": cfg.compile,
+        "optimizer": cfg.optimizer,
+        "synthetic": job.data_dir is None,
+        "warmup_steps": job.warmup_steps,
+        "steps": job.steps,
+        "peak_tflops": job.system.peak_bf16_tflops,
+        "price_per_gpu_hour": job.system.price_per_gpu_hour,
+    }
+
+
+def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
+    plan, cfg = job.plan, job.plan.train
+    trainer = build_trainer(plan, info, job.seed)
+    model_args = ModelArgs.of(trainer.model.config)
+    if job.data_dir is None:
+        dims = synthetic_dims(model_args)
+        image_tokens, text_tokens = (dims.latent_size // 2) ** 2, dims.t5_tokens
+        batches = _synthetic_batches(dims, cfg.micro_batch_size, info.device, job.seed + info.rank)
+    else:
+        image_tokens, text_tokens = token_counts(job.data_dir, model_args, cfg.model)
+        batches = iter(plan_loader(plan, job.data_dir, info, job.seed))
+    facts = measure_facts(
+        job.system, plan, info, trainer.dtype, model_args, image_tokens, text_tokens, "config.yaml"
+    )
+    generator = step_generator(info, job.seed)
+    injected = os.environ.get(TEST_OOM_ENV)
+    times, waits = [], []
+    for step in range(job.warmup_steps + job.steps):
+        if injected and cfg.micro_batch_size >= int(injected):
+            raise torch.OutOfMemoryError(f"injected by {TEST_OOM_ENV}={injected} (a test)")
+        begun = time.perf_counter()
+        _, _, data_wait = train_step(trainer, batches, generator, plan, info)
+        trainer.scheduler.step()
+        if info.device.type == "cuda":  # a step's time includes its GPU work
+            torch.cuda.synchronize(info.device)
+        if step >= job.warmup_steps:
+            times.append(time.perf_counter() - begun)
+            waits.append(data_wait)
+    # every rank's step times: the slowest rank sets the pace
+    per_rank = torch.tensor(times, dtype=torch.float64, device=info.device)
+    dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
+    step_s = per_rank.cpu().numpy()
+    memory = _memory(info)
+    peak = torch.tensor([memory["peak_memory_gb"]], dtype=torch.float64, device=info.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    memory["peak_memory_gb"] = peak.item()
+    mean_s = float(step_s.mean())
+    samples_per_s = cfg.global_batch_size / mean_s
+    tflops = facts.flops_per_sample * samples_per_s / info.world_size / 1e12
+    p50, p90, p99 = np.percentile(step_s * 1000, [50, 90, 99])
+    return {
+        "status": "ok",
+        "samples_per_s": samples_per_s,
+        "samples_per_s_per_gpu": samples_per_s / info.world_size,
+        "step_time_ms_mean": mean_s * 1000,
+        "step_time_ms_p50": float(p50),
+        "step_time_ms_p90": float(p90),
+        "step_time_ms_p99": float(p99),
+        "tflops_per_gpu": tflops,
+        "mfu": tflops / job.system.peak_bf16_tflops if job.system.peak_bf16_tflops else None,
+        "mfu_measured": tflops / facts.peak.tflops if facts.peak.tflops else None,
+        "measured_peak_tflops": facts.peak.tflops,
+        "data_wait_ms": float(np.mean(waits)) * 1000,
+        "attention_kernel": facts.kernel,
+        "flops_per_sample": facts.flops_per_sample,
+        **memory,
+    }
+
+
+def _memory(info: DistInfo) -> dict[str, Any]:
+    """Peak allocated and reserved memory of this rank, and the device's total (GB); a CPU: peak RSS."""
+    if info.device.type == "cuda":
+        return {
+            "peak_memory_gb": torch.cuda.max_memory_allocated(info.device) / 1e9,
+            "reserved_memory_gb": torch.cuda.max_memory_reserved(info.device) / 1e9,
+            "device_memory_gb": torch.cuda.get_device_properties(info.device).total_memory / 1e9,
+        }
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux: KiB
+    return {"peak_memory_gb": rss, "reserved_memory_gb": None, "device_memory_gb": None}
+
+
+def _json(record: dict[str, Any]) -> str:
+    import json
+
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+    return json.dumps(clean, indent=2) + "\n"
+
+
+def _line(record: dict[str, Any]) -> str:
+    mfu = record.get("mfu")
+    return (
+        f"{record['samples_per_s']:,.2f} samples/s ({record['samples_per_s_per_gpu']:,.2f} per GPU), step "
+        f"p50 {record['step_time_ms_p50']:,.1f} ms p90 {record['step_time_ms_p90']:,.1f} ms, "
+        f"{record['tflops_per_gpu']:.3g} TFLOP/s/GPU, MFU {f'{mfu:.1%}' if mfu is not None else '-'}, "
+        f"peak memory {record['peak_memory_gb']:.2f} GB, data wait {record['data_wait_ms']:.1f} ms "
+        f"({record['steps']} timed steps after {record['warmup_steps']} warm-up)"
+    )
