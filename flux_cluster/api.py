@@ -264,7 +264,7 @@ class Report:
         if self.sweeps:
             from flux_cluster.report.sweep import sweep_document
 
-            return finite_for_json(sweep_document(self.sweeps))
+            return sweep_document(self.sweeps)
         return finite_for_json(to_document(self.groups))
 
 
@@ -282,13 +282,10 @@ def report(
     from flux_cluster.launch.sweep_state import is_sweep_folder
 
     roots = [Path(p) for p in paths]
-    sweeps = [p for p in roots if is_sweep_folder(p)]
-    if sweeps:
-        if len(sweeps) != len(roots):
-            raise FluxClusterError("report sweep folders on their own, not with other paths")
-        from flux_cluster.report.sweep import sweep_report
+    if any(is_sweep_folder(p) for p in roots):
+        from flux_cluster.report.sweep import sweep_reports
 
-        return Report(sweeps=[sweep_report(p) for p in sweeps])
+        return Report(sweeps=sweep_reports(roots))  # other paths among them: one error line
     from flux_cluster.report.build import Options, build
 
     for root in roots:

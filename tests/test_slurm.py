@@ -1,5 +1,6 @@
 """Against the real localhost Slurm (slurm/local-cluster.sh): submit, arrays, cancel, requeue, script."""
 
+import contextlib
 import json
 import os
 import re
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -385,17 +387,27 @@ def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, wo
 def test_training_with_a_short_walltime_checkpoints_requeues_and_finishes(
     cli: CliRunner, workdir: Path
 ) -> None:
-    """2 minutes of walltime with USR1 60 s before the end: the tiny run needs ~200 steps to a validation
-    loss of 0.9, about 2.5 times what one attempt trains on the CI VM, so Slurm's signal stops the first
-    attempt, which checkpoints and requeues itself. Then the requeued job gets 10 minutes, so the second
-    attempt resumes and finishes (more 2-minute attempts would only repeat the first one's path, at a
-    minute each)."""
+    """2 minutes of walltime with USR1 60 s before the end (Slurm may send it up to 60 s earlier): once
+    training has begun, the test holds the ranks (SIGSTOP), so the first attempt cannot reach the target
+    before the signal on any machine (a fast one did); Slurm continues a step it signals, and the USR1
+    makes the ranks checkpoint and the job requeue itself. The requeued job gets 10 minutes, so the
+    second attempt resumes and finishes (more 2-minute attempts would only repeat the first one's path)."""
     run_dir, record = launch(
         cli, "submit", "--seed", "3", "--set", "slurm.walltime=2", "--set", "mlperf.ruleset=6.0.0",
         "--set", "train.eval_every_steps=25", "--set", "train.target=0.9"
     )  # fmt: skip
     (job_id,) = record.job_ids
-    poll(lambda: "requeueing job" in log_text(run_dir, job_id), 300, "the walltime signal to requeue the job")
+    metrics = run_dir / "results" / "metrics_0.jsonl"
+    poll(lambda: metrics.is_file() and '"step"' in metrics.read_text(), 120, "training to begin")
+    ranks = list(rank_pids(run_dir).values())
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
+    started = datetime.fromisoformat(slurm.job_info(job_id)["Start"])
+    time.sleep(max(0.0, (started + timedelta(seconds=75) - datetime.now()).total_seconds()))
+    for pid in ranks:  # Slurm continues them itself when it signals the step: they may be gone by now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    poll(lambda: "requeueing job" in log_text(run_dir, job_id), 120, "the walltime signal to requeue the job")
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "TimeLimit=10"], check=True)
     poll(lambda: state(job_id) in slurm.FINAL_STATES, timeout_s=600, what="the training job to finish")
     assert state(job_id) == "COMPLETED"

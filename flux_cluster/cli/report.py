@@ -2,6 +2,7 @@
 
 import io
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -13,6 +14,8 @@ from flux_cluster.errors import FluxClusterError
 from flux_cluster.mlperf_rules import QUALITY_TARGET, RULESETS
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from flux_cluster.report.build import Options
     from flux_cluster.report.scoring import GroupResult
 
@@ -89,7 +92,8 @@ def report(
     runs_dir: RunsDirOption = None,
 ) -> None:
     """Harvest MLPerf result logs into olympic time-to-train, samples to converge, throughput, MFU,
-    GPU-hours and cost per group (one directory of result files = one system x benchmark).
+    GPU-hours and cost per group (one directory of result files = one system x benchmark). Sweep folders
+    (flux-cluster sweep) on their own: their points fastest first, the best per node count, and plots.
 
     Exit codes: 0 reported, 1 no result logs found, 2 bad input.
     """
@@ -97,6 +101,8 @@ def report(
     from flux_cluster.launch.sweep_state import is_sweep_folder
     from flux_cluster.report.build import Options
 
+    if output is not None and output.is_dir():
+        raise FluxClusterError(f"--output {output}: is a directory; give a file name")
     every, prices = parse_prices(price or [])
     options = Options(
         check=check,
@@ -198,29 +204,24 @@ def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":
 
 def _emit_sweeps(paths: list[Path], output_format: Format, output: Path | None) -> None:
     """Sweep folders (sweep.json): their points, the best per node count, the plots (HTML)."""
-    from flux_cluster import api
     from flux_cluster.report import sweep
 
-    reports = api.report(paths).sweeps
+    reports = sweep.sweep_reports(paths)
     if output_format is Format.table:
-        from rich.console import Console
 
-        buffer = io.StringIO()
-        console = Console(file=buffer if output else sys.stdout, width=200)
-        for report in reports:
-            sweep.print_sweep(report, console)
-        if output is None:
-            return
-        text = buffer.getvalue()
-    else:
-        render = {
-            Format.json: sweep.render_json,
-            Format.csv: sweep.render_csv,
-            Format.md: sweep.render_markdown,
-            Format.html: sweep.render_html,
-        }[output_format]
-        text = render(reports)
-    _write(text, output)
+        def draw(console: "Console") -> None:
+            for report in reports:
+                sweep.print_sweep(report, console)
+
+        _print_tables(draw, output)
+        return
+    render = {
+        Format.json: sweep.render_json,
+        Format.csv: sweep.render_csv,
+        Format.md: sweep.render_markdown,
+        Format.html: sweep.render_html,
+    }[output_format]
+    _write(render(reports), output)
 
 
 def _emit(
@@ -232,24 +233,16 @@ def _emit(
 ) -> None:
     from flux_cluster.report import formats
 
-    if output is not None and output.is_dir():
-        raise FluxClusterError(f"--output {output}: is a directory; give a file name")
     if output_format is Format.table:
-        from rich.console import Console
 
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=200) if output else Console()
-        if not console.is_terminal:
-            console = Console(
-                file=buffer if output else sys.stdout, width=200
-            )  # files and pipes: no wrapping
-        formats.print_tables(groups, console, checked)
-        if comparison is not None:
-            formats.print_comparison(comparison, console)
-        if output is None:
-            return
-        text = buffer.getvalue()
-    elif output_format is Format.json:
+        def draw(console: "Console") -> None:
+            formats.print_tables(groups, console, checked)
+            if comparison is not None:
+                formats.print_comparison(comparison, console)
+
+        _print_tables(draw, output)
+        return
+    if output_format is Format.json:
         text = formats.render_json(groups, comparison)
     elif output_format is Format.csv:
         text = formats.render_csv(groups)
@@ -262,10 +255,21 @@ def _emit(
     _write(text, output)
 
 
+def _print_tables(draw: Callable[["Console"], None], output: Path | None) -> None:
+    """The table format: drawn on the terminal, or as text to a pipe or the --output file (no wrapping)."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200) if output else Console()
+    if not console.is_terminal:
+        console = Console(file=buffer if output else sys.stdout, width=200)
+    draw(console)
+    if output is not None:
+        _write(buffer.getvalue(), output)
+
+
 def _write(text: str, output: Path | None) -> None:
     """To stdout, or atomically to the --output file."""
-    if output is not None and output.is_dir():
-        raise FluxClusterError(f"--output {output}: is a directory; give a file name")
     # surrogateescape: a file name that is not UTF-8 comes out as its own bytes, not as an error
     data = text.encode("utf-8", "surrogateescape")
     if output is None:

@@ -155,6 +155,7 @@ def _warn_if_image_missing(config: "SystemConfig", console: "Console") -> None:
             f"(build it: flux-cluster image build --system {config.name})",
             markup=False,
             highlight=False,
+            soft_wrap=True,  # one line, whatever the width: scripts grep for it
         )
 
 

@@ -119,6 +119,7 @@ def summary_rows(state: SweepState) -> list[dict[str, Any]]:
         for name in FIGURES:
             row[name] = _number(result.get(name))
         gpus = result.get("world_size")
+        gpus = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
         row["gpus"] = gpus
         wall_s = _number(result.get("wall_s"))
         gpu_hours = wall_s * gpus / 3600 if wall_s is not None and gpus else None
@@ -162,7 +163,7 @@ def summary_csv(state: SweepState) -> str:
 def _csv_value(value: object) -> object:
     if isinstance(value, float):
         return f"{value:.6g}"
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@"):
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + value  # no formula when a spreadsheet opens it (a value comes from the command line)
     return value
 

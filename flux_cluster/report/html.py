@@ -8,10 +8,13 @@ its sample grid (a PNG inlined as a data: URI), the plots and every run. It fits
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flux_cluster.report import formats, plots
 from flux_cluster.report.scoring import GroupResult
+
+if TYPE_CHECKING:
+    import jinja2
 
 
 @dataclass(frozen=True)
@@ -113,19 +116,24 @@ def cards(groups: list[GroupResult]) -> list[Card]:
     return out
 
 
-def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, Any] | None = None) -> str:
+def template(name: str) -> "jinja2.Template":
+    """A page template of flux_cluster/report/templates, every value HTML-escaped unless marked safe."""
     import jinja2
-
-    from flux_cluster import __version__
 
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("flux_cluster.report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
     )
+    return environment.get_template(name)
+
+
+def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, Any] | None = None) -> str:
+    from flux_cluster import __version__
+
     answers = cards(groups)
     card_of = {id(g): c for g, c in zip(groups, answers, strict=True)}
-    return environment.get_template("report.html.j2").render(
+    return template("report.html.j2").render(
         groups=groups,
         cards=answers,
         summary_rows=[(g, card_of[id(g)]) for g in groups if not g.fine_tuning],

@@ -1,48 +1,74 @@
-"""flux-cluster report SWEEP_FOLDER: a sweep's points sorted by throughput, the best point per node count,
-and plots (samples/s per GPU against micro-batch size, one line per variant; scaling against node count).
-No torch; matplotlib only for the HTML page."""
+"""flux-cluster report SWEEP_FOLDER: a sweep's points, fastest first, the best point per node count and two
+plots (samples/s per GPU against micro-batch size; best samples/s against node count), as a terminal table,
+JSON, CSV, Markdown or an HTML page. No torch here; matplotlib and jinja2 only for the page.
 
-import csv
-import io
-import json
-from dataclasses import dataclass
+The JSON document (``schema_version`` 1)::
+
+    {"schema_version": 1,
+     "sweeps": [                     # one per sweep folder, in the order given
+       {"folder": str, "name": str, "system": str, "job": "throughput" | "train",
+        "grid": {key: [value, ...]},  # as the sweep was given it (values are strings)
+        "varied": [key, ...],         # the grid keys with more than one value
+        "points": [point, ...],       # ok points by samples/s, fastest first; then the others by status
+        "best": [point, ...]}]}       # the fastest ok point of each node count, fewest nodes first
+
+A point is a runs_summary.csv row as numbers and strings (``point``, each grid key, ``status``, the
+throughput figures, ``gpus``, ``gpu_hours``, ``cost_usd``, ``usd_per_million_samples``, ``run_dir``,
+``error``; null where unknown) and ``nodes``, always its node count as an integer: the grid's value when
+``nodes`` is a grid key, else the run's record, else 1.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flux_cluster.launch.sweep_state import SweepState, summary_columns, summary_rows
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.launch.sweep_state import (
+    SWEEP_FILE,
+    Point,
+    SweepState,
+    is_sweep_folder,
+    summary_columns,
+    summary_csv,
+    summary_rows,
+)
+from flux_cluster.report.formats import Column
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from flux_cluster.report.plots import Plot
+
 SCHEMA_VERSION = 1
 MICRO_BATCH = "train.micro_batch_size"
 NODES = "nodes"
-_SHOWN = (
-    ("samples_per_s", "samples/s", "{:,.2f}"),
-    ("samples_per_s_per_gpu", "per GPU", "{:,.2f}"),
-    ("step_time_ms_p50", "step p50 ms", "{:,.1f}"),
-    ("step_time_ms_p90", "step p90 ms", "{:,.1f}"),
-    ("mfu", "MFU", "{:.1%}"),
-    ("peak_memory_gb", "peak mem GB", "{:,.2f}"),
-    ("gpu_hours", "GPU-hours", "{:.4g}"),
-    ("usd_per_million_samples", "USD/M samples", "{:,.2f}"),
-)
+STATUS_ORDER = ("ok", "not converged", "oom", "failed", "running", "pending")
+"""After the ok points: finished ones first, then those still without an answer; unknown ones last."""
+MICRO_BATCH_TITLE = "Throughput per GPU vs micro-batch size"
+SCALING_TITLE = "Scaling: best samples/s vs nodes"
+BEST_TITLE = "Best point per node count"
 
 
 @dataclass(frozen=True)
 class SweepReport:
-    """A sweep as the report shows it; rows are runs_summary.csv's, fastest first."""
+    """A sweep as the report shows it (see the module's docstring for the JSON form)."""
 
     folder: str
     name: str
     system: str
     job: str
     grid: dict[str, list[str]]
+    varied: list[str]
+    """The grid keys with more than one value."""
     columns: list[str]
+    """runs_summary.csv's columns."""
     rows: list[dict[str, Any]]
-    """ok points by samples/s, fastest first, then the rest (oom, failed, running, pending) by point."""
+    """ok points by samples/s, fastest first, then the others by status (STATUS_ORDER), then point."""
     best: list[dict[str, Any]]
-    """The fastest ok point of each node count, fewest nodes first."""
+    """The fastest ok point of each node count, fewest nodes first (never an oom or failed one)."""
+    state: SweepState = field(repr=False, compare=False)
+    """The sweep, its points in the order of rows (for the CSV, written as runs_summary.csv is)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,39 +77,60 @@ class SweepReport:
             "system": self.system,
             "job": self.job,
             "grid": self.grid,
+            "varied": self.varied,
             "points": self.rows,
             "best": self.best,
         }
 
 
-def node_count(row: dict[str, Any], state: SweepState, index: int) -> int:
-    """The point's node count: its grid value, else what its record says, else 1."""
-    if NODES in row:
-        return int(row[NODES])
-    return int(state.points[index].result.get("nodes") or 1)
+def load_for_report(folder: Path) -> SweepState:
+    """The sweep's state, its running points read again from their run directories when the sweep
+    module offers that (they may have ended since sweep.json was written), else as sweep.json has it."""
+    try:
+        from flux_cluster.launch.sweep import refresh
+    except ImportError:
+        return SweepState.load(folder)
+    return refresh(folder)
+
+
+def sweep_report(folder: Path) -> SweepReport:
+    """The report of the sweep in folder as it stands now."""
+    return build_report(folder, load_for_report(folder))
+
+
+def sweep_reports(paths: Sequence[Path]) -> list[SweepReport]:
+    """One report per sweep folder; any other path among them is an error (result logs have a report
+    of their own)."""
+    others = [str(p) for p in paths if not is_sweep_folder(p)]
+    if others:
+        raise FluxClusterError(
+            f"report sweep folders on their own: {', '.join(others)}: no {SWEEP_FILE} "
+            "(report result logs and run directories in a separate command)"
+        )
+    return [sweep_report(path) for path in paths]
 
 
 def build_report(folder: Path, state: SweepState) -> SweepReport:
-    rows = summary_rows(state)
-    for row in rows:
-        row[NODES] = node_count(row, state, row["point"])
-    ok = sorted((r for r in rows if _ok(r)), key=lambda r: -r["samples_per_s"])
-    rest = [r for r in rows if not _ok(r)]
+    pairs = list(zip(state.points, summary_rows(state), strict=True))
+    for point, row in pairs:
+        row[NODES] = _node_count(folder, point)
+    ok = sorted((pair for pair in pairs if _ok(pair[1])), key=lambda pair: -pair[1]["samples_per_s"])
+    rest = sorted((pair for pair in pairs if not _ok(pair[1])), key=lambda pair: _rank(pair[1]))
+    ordered = ok + rest
     best: dict[int, dict[str, Any]] = {}
-    for row in ok:
-        best.setdefault(row[NODES], row)
-    columns = summary_columns(state)
-    if NODES not in columns:
-        columns.insert(columns.index("status"), NODES)
+    for _, row in ok:
+        best.setdefault(row[NODES], row)  # the first is the fastest
     return SweepReport(
         folder=str(folder),
         name=state.name,
         system=state.system,
         job=state.job,
         grid=state.grid,
-        columns=columns,
-        rows=ok + rest,
+        varied=[key for key, values in state.grid.items() if len(values) > 1],
+        columns=summary_columns(state),
+        rows=[row for _, row in ordered],
         best=[best[n] for n in sorted(best)],
+        state=replace(state, points=[point for point, _ in ordered]),
     )
 
 
@@ -91,160 +138,235 @@ def _ok(row: dict[str, Any]) -> bool:
     return row["status"] == "ok" and row["samples_per_s"] is not None
 
 
-def sweep_report(folder: Path) -> SweepReport:
-    """The sweep in folder as it stands now (running points read again from their run directories)."""
-    from flux_cluster.launch.sweep import refresh
-
-    return build_report(folder, refresh(folder))
+def _rank(row: dict[str, Any]) -> tuple[int, int]:
+    status = row["status"]
+    return (STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER), row["point"])
 
 
-def sweep_document(reports: list[SweepReport]) -> dict[str, Any]:
-    """The JSON document: {'schema_version': 1, 'sweeps': [{folder, name, system, job, grid, points,
-    best}]}, a point being a runs_summary.csv row with numbers as numbers and empty values as null."""
-    return {"schema_version": SCHEMA_VERSION, "sweeps": [r.to_json() for r in reports]}
+def _node_count(folder: Path, point: Point) -> int:
+    """The grid's nodes value, else the run's record (a throughput record says how many), else 1."""
+    value = point.values[NODES] if NODES in point.values else point.result.get("nodes", 1)
+    if isinstance(value, str) and value.strip().isdecimal():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FluxClusterError(
+            f"{folder / SWEEP_FILE}: point {point.index}: nodes {value!r}, expected a whole number >= 1"
+        )
+    return value
+
+
+# Formatting -------------------------------------------------------------------------------------------
+
+
+def _value(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: row.get(key)
+
+
+def table_columns(report: SweepReport) -> list[Column]:
+    """The columns of the tables; terminal=False ones only in Markdown and HTML (the terminal is narrow)."""
+    keys = [key for key in report.grid if key != NODES]
+    short = [key.rsplit(".", 1)[-1] for key in keys]
+    return [
+        Column("point", _value("point")),
+        *(  # a key's last part unless two keys share it (model.compile, train.compile)
+            Column(name if short.count(name) == 1 else key, _value(key))
+            for key, name in zip(keys, short, strict=True)
+        ),
+        Column("nodes", _value(NODES)),
+        Column("status", _value("status")),
+        Column("samples/s", _value("samples_per_s"), "{:,.2f}"),
+        Column("samples/s/GPU", _value("samples_per_s_per_gpu"), "{:,.2f}"),
+        Column("step p50 ms", _value("step_time_ms_p50"), "{:,.1f}"),
+        Column("step p99 ms", _value("step_time_ms_p99"), "{:,.1f}", terminal=False),
+        Column("TFLOP/s/GPU", _value("tflops_per_gpu"), "{:,.1f}", terminal=False),
+        Column("MFU", _value("mfu"), "{:.1%}"),
+        Column("peak mem GB", _value("peak_memory_gb"), "{:,.1f}"),
+        Column("data wait ms", _value("data_wait_ms"), "{:,.1f}", terminal=False),
+        Column("GPU-h", _value("gpu_hours"), "{:.3g}"),
+        Column("USD/M samples", _value("usd_per_million_samples"), "{:,.2f}"),
+    ]
+
+
+def _title(report: SweepReport) -> str:
+    return f"Sweep {report.name} on {report.system} ({report.job})"
+
+
+def _reasons(report: SweepReport) -> list[str]:
+    """Why each point that did not run to the end ended, one line each."""
+    return [f"point {r['point']}: {r['status']}: {r['error']}" for r in report.rows if r.get("error")]
+
+
+def print_sweep(report: SweepReport, console: "Console") -> None:
+    """The points and the best per node count as rich tables, then each failure's reason."""
+    from rich.table import Table
+
+    from flux_cluster.console import print_table
+    from flux_cluster.safe_text import plain
+
+    columns = [c for c in table_columns(report) if c.terminal]
+    for title, rows in ((f"{_title(report)}: points, fastest first", report.rows), (BEST_TITLE, report.best)):
+        table = Table(title=plain(title), title_justify="left")
+        for column in columns:
+            table.add_column(column.header, justify="left" if column.header == "status" else "right")
+        for row in rows:
+            style = None if row["status"] == "ok" else "dim"
+            table.add_row(*(plain(c.text(row)) for c in columns), style=style)
+        print_table(console, table)
+    if not report.best:
+        console.print("no point ran to the end (status ok): no best point", highlight=False)
+    for line in _reasons(report):
+        console.print(plain(line), soft_wrap=True)
 
 
 def render_json(reports: list[SweepReport]) -> str:
+    import json
+
+    return json.dumps(sweep_document(reports), indent=2, allow_nan=False) + "\n"
+
+
+def sweep_document(reports: list[SweepReport]) -> dict[str, Any]:
+    """The JSON document (see the module's docstring); NaN and infinities as null."""
     from flux_cluster.report.formats import finite_for_json
 
-    return json.dumps(finite_for_json(sweep_document(reports)), indent=2, allow_nan=False) + "\n"
+    return finite_for_json({"schema_version": SCHEMA_VERSION, "sweeps": [r.to_json() for r in reports]})
 
 
 def render_csv(reports: list[SweepReport]) -> str:
-    """Every sweep's rows, fastest first, with a leading 'sweep' column."""
+    """One sweep: runs_summary.csv's columns and cells, its rows in the report's order. Several: a
+    leading 'sweep' column (the sweep's name) and every sweep's columns."""
+    texts = [summary_csv(report.state) for report in reports]
+    if len(reports) == 1:
+        return texts[0]
+    import csv
+    import io
+
+    from flux_cluster.report.formats import _csv_cell
+
     columns = ["sweep"]
     for report in reports:
         columns += [c for c in report.columns if c not in columns]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
-    for report in reports:
-        for row in report.rows:
-            writer.writerow({"sweep": report.name, **{k: "" if v is None else v for k, v in row.items()}})
+    for report, text in zip(reports, texts, strict=True):
+        for row in csv.DictReader(io.StringIO(text)):
+            writer.writerow({"sweep": _csv_cell(report.name), **row})
     return out.getvalue()
 
 
-def _cell(row: dict[str, Any], key: str, pattern: str = "{}") -> str:
-    value = row.get(key)
-    if value is None or value == "":
-        return "-"
-    return pattern.format(value) if isinstance(value, int | float) else str(value)
-
-
-def _table_columns(report: SweepReport) -> list[tuple[str, str, str]]:
-    varied = [(key, key.rsplit(".", 1)[-1], "{}") for key in report.grid]
-    if NODES not in report.grid:
-        varied.append((NODES, NODES, "{}"))
-    return [("point", "point", "{}"), *varied, ("status", "status", "{}"), *_SHOWN]
-
-
-def print_sweep(report: SweepReport, console: "Console") -> None:
-    from rich.table import Table
-
-    from flux_cluster.console import print_table
-
-    columns = _table_columns(report)
-    table = Table(title=f"sweep {report.name} on {report.system} ({report.job}), fastest first")
-    for _, title, _ in columns:
-        table.add_column(title, justify="right" if title not in ("status",) else "left")
-    for row in report.rows:
-        table.add_row(*(_cell(row, key, pattern) for key, _, pattern in columns))
-    print_table(console, table)
-    if report.best:
-        best = Table(title="best point per node count")
-        for _, title, _ in columns:
-            best.add_column(title, justify="right")
-        for row in report.best:
-            best.add_row(*(_cell(row, key, pattern) for key, _, pattern in columns))
-        print_table(console, best)
-    for row in report.rows:
-        if row.get("error"):
-            console.print(
-                f"point {row['point']}: {row['status']}: {row['error']}", markup=False, highlight=False
-            )
-
-
 def render_markdown(reports: list[SweepReport]) -> str:
-    lines: list[str] = []
+    from flux_cluster.report.formats import _md, _md_table
+
+    lines = ["# flux-cluster sweep report"]
     for report in reports:
-        columns = _table_columns(report)
-        lines += [f"## Sweep {report.name} on {report.system} ({report.job})", ""]
-        for title, rows in (
-            ("Points, fastest first", report.rows),
-            ("Best point per node count", report.best),
-        ):
-            lines += [f"### {title}", "", "| " + " | ".join(t for _, t, _ in columns) + " |"]
-            lines.append("|" + "---|" * len(columns))
-            for row in rows:
-                cells = (_cell(row, key, pattern).replace("|", "\\|") for key, _, pattern in columns)
-                lines.append("| " + " | ".join(cells) + " |")
-            lines.append("")
-    return "\n".join(lines)
+        columns = table_columns(report)
+        lines += ["", f"## {_md(_title(report))}", "", f"folder: {_md(report.folder)}", ""]
+        lines += ["### Points, fastest first", "", *_md_table(columns, report.rows), ""]
+        lines += [f"### {BEST_TITLE}", ""]
+        lines += _md_table(columns, report.best) if report.best else ["No point ran to the end (status ok)."]
+        lines += [""] + [f"- {_md(line)}" for line in _reasons(report)]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _variant(row: dict[str, Any], report: SweepReport) -> str:
-    others = [k for k in report.grid if k not in (MICRO_BATCH, NODES)]
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in others) or "all points"
+# Plots ------------------------------------------------------------------------------------------------
 
 
-def micro_batch_plot(report: SweepReport) -> str | None:
-    """samples/s per GPU against micro-batch size, one line per variant (and node count); None when the
-    micro-batch size was not varied."""
-    if MICRO_BATCH not in report.grid or len(report.grid[MICRO_BATCH]) < 2:
+def _size(value: object) -> float | None:
+    """A micro-batch size as a number, or None where a grid value is not one."""
+    try:
+        number = float(str(value))
+    except ValueError:
         return None
-    from flux_cluster.report.plots import figure_svg, report_figure
+    return number if 0 < number < float("inf") else None
 
-    with report_figure("Throughput per GPU vs micro-batch size") as (figure, axes):
-        lines: dict[str, list[tuple[int, float]]] = {}
-        failed: list[str] = []
-        for row in report.rows:
-            label = _variant(row, report) + (f", {row[NODES]} nodes" if NODES in report.grid else "")
-            if _ok(row) and row["samples_per_s_per_gpu"] is not None:
-                lines.setdefault(label, []).append((int(row[MICRO_BATCH]), row["samples_per_s_per_gpu"]))
-            else:
-                failed.append(f"micro-batch {row[MICRO_BATCH]} ({label}): {row['status']}")
+
+def _variant(row: dict[str, Any], report: SweepReport, by_nodes: bool) -> str:
+    """The point's values of the varied keys other than micro-batch and nodes (one line each); its node
+    count too where several ran, since samples/s per GPU differs between them."""
+    parts = [f"{k.rsplit('.', 1)[-1]}={row.get(k)}" for k in report.varied if k not in (MICRO_BATCH, NODES)]
+    if by_nodes:
+        parts.append(f"{row[NODES]} node{'s' if row[NODES] > 1 else ''}")
+    return ", ".join(parts) or "all points"
+
+
+def micro_batch_plot(report: SweepReport) -> "Plot | None":
+    """samples/s per GPU against micro-batch size, one line per variant; oom and failed points an x on
+    the x axis. None when the micro-batch size was not varied, or a value of it is not a number."""
+    if MICRO_BATCH not in report.varied:
+        return None
+    sizes = [_size(row.get(MICRO_BATCH)) for row in report.rows]
+    if any(size is None for size in sizes):
+        return None
+    from matplotlib.ticker import NullLocator
+
+    from flux_cluster.report import plots
+
+    by_nodes = len({row[NODES] for row in report.rows}) > 1
+    lines: dict[str, list[tuple[float, float]]] = {}
+    crosses: dict[str, list[float]] = {}
+    left_out = []
+    for row, size in zip(report.rows, sizes, strict=True):
+        label = _variant(row, report, by_nodes)
+        lines.setdefault(label, [])  # a variant none of whose points ran still gets its colour and key
+        if _ok(row) and row["samples_per_s_per_gpu"] is not None:
+            lines[label].append((size, row["samples_per_s_per_gpu"]))
+            continue
+        left_out.append(f"micro-batch {row.get(MICRO_BATCH)}, {label}: {row['status']}")
+        if row["status"] in ("oom", "failed"):
+            crosses.setdefault(label, []).append(size)
+    with plots.report_figure(MICRO_BATCH_TITLE) as (figure, axes):
         for label, points in sorted(lines.items()):
-            xs, ys = zip(*sorted(points), strict=True)
-            axes.plot(xs, ys, marker="o", label=label)
+            xs, ys = zip(*sorted(points), strict=True) if points else ((), ())
+            (line,) = axes.plot(xs, ys, marker="o", label=plots._plain(label))
+            if label in crosses:  # on the axis itself: an oom point has no throughput to draw
+                bad = crosses[label]
+                axes.scatter(bad, [0] * len(bad), marker="x", s=60, color=line.get_color(), clip_on=False)
         axes.set_xscale("log", base=2)
+        ticks = sorted(set(sizes))
+        axes.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
+        axes.xaxis.set_minor_locator(NullLocator())
+        axes.set_ylim(bottom=0)
         axes.set_ylabel("samples/s per GPU")
-        if lines:
-            axes.legend(fontsize=7)
-        axes.set_xlabel("micro-batch size" + "".join(f"\nnot shown: {f}" for f in failed))
-        return figure_svg(figure)
+        axes.legend(fontsize=7)
+        plots._left_out(axes, left_out, "micro-batch size (x on the axis: out of memory or failed)")
+        return plots.Plot(MICRO_BATCH_TITLE, plots.figure_svg(figure))
 
 
-def scaling_plot(report: SweepReport) -> str | None:
-    """Best samples/s against node count, with the ideal line from the fewest nodes; None for one count."""
+def scaling_plot(report: SweepReport) -> "Plot | None":
+    """The best point's samples/s against node count, with the ideal (linear from the fewest nodes) and
+    each point's scaling efficiency. None unless two or more node counts have an ok point."""
     if len(report.best) < 2:
         return None
-    from flux_cluster.report.plots import figure_svg, report_figure
+    from flux_cluster.report import plots
 
-    with report_figure("Scaling: best samples/s vs nodes") as (figure, axes):
-        nodes = [row[NODES] for row in report.best]
-        speed = [row["samples_per_s"] for row in report.best]
-        axes.plot(nodes, speed, marker="o", label="best point")
-        axes.plot(nodes, [speed[0] * n / nodes[0] for n in nodes], linestyle="--", label="ideal (linear)")
-        axes.set_xlabel("nodes")
-        axes.set_ylabel("samples/s")
+    nodes = [row[NODES] for row in report.best]
+    speed = [row["samples_per_s"] for row in report.best]
+    ideal = [speed[0] * n / nodes[0] for n in nodes]
+    without = sorted({row[NODES] for row in report.rows} - set(nodes))
+    with plots.report_figure(SCALING_TITLE) as (figure, axes):
+        axes.plot(nodes, ideal, linestyle="--", color="#888888", label=f"ideal: linear from {nodes[0]}")
+        axes.plot(nodes, speed, marker="o", label="best point of each node count")
+        for n, s, i in zip(nodes, speed, ideal, strict=True):
+            axes.annotate(f"{s / i:.0%}", (n, s), textcoords="offset points", xytext=(4, -12), fontsize=8)
+        axes.set_xticks(nodes, labels=[str(n) for n in nodes])
+        axes.set_xlim(left=0)
+        axes.set_ylim(bottom=0)
+        axes.set_ylabel("samples/s (labels: % of the ideal)")
         axes.legend(fontsize=7)
-        return figure_svg(figure)
+        plots._left_out(axes, [f"{n} nodes: no point ran to the end" for n in without], "nodes")
+        return plots.Plot(SCALING_TITLE, plots.figure_svg(figure))
+
+
+def sweep_plots(report: SweepReport) -> "list[Plot]":
+    """The plots that can be drawn for this sweep (none, one or both)."""
+    return [plot for plot in (micro_batch_plot(report), scaling_plot(report)) if plot is not None]
 
 
 def render_html(reports: list[SweepReport]) -> str:
-    import jinja2
-
     from flux_cluster import __version__
+    from flux_cluster.report.html import template
 
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("flux_cluster.report", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    sections = []
-    for report in reports:
-        plots = [p for p in (micro_batch_plot(report), scaling_plot(report)) if p is not None]
-        sections.append((report, _table_columns(report), plots))
-    return environment.get_template("sweep.html.j2").render(
-        sections=sections, cell=_cell, version=__version__
+    sections = [(report, table_columns(report), sweep_plots(report)) for report in reports]
+    return template("sweep.html.j2").render(
+        sections=sections, title=_title, reasons=_reasons, best_title=BEST_TITLE, version=__version__
     )
