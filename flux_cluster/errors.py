@@ -12,7 +12,7 @@ class FluxClusterError(Exception):
     """A user-facing error: the message names the file, the key and what was expected."""
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
+def causes(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -24,7 +24,7 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 def full_disk(exc: BaseException) -> str | None:
     """'no space left on device' (or the quota's line) when a full disk is behind exc, anywhere in its
     chain of causes (libraries wrap the OSError), else None."""
-    for cause in _causes(exc):
+    for cause in causes(exc):
         if isinstance(cause, OSError) and cause.errno in _FULL:
             return _FULL[cause.errno]
         if getattr(cause, "sqlite_errorcode", None) == _SQLITE_FULL:

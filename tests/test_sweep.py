@@ -3,8 +3,11 @@ out-of-memory point), resume, the same answers from the CLI and the API, and a s
 
 import csv
 import json
+import os
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ from typer.testing import CliRunner
 from flux_cluster import api
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid
+from flux_cluster.launch import slurm
+from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid, run_sweep
 from flux_cluster.launch.sweep_state import SUMMARY_FILE, SweepState
 from flux_cluster.training.throughput import OOM_EXIT_CODE, TEST_OOM_ENV
 
@@ -47,6 +51,71 @@ def test_a_bad_point_is_refused_before_anything_runs(workdir: Path) -> None:
     with pytest.raises(FluxClusterError, match=r"sweep point 1 \(micro_batch_size=3\).*not a multiple"):
         create_sweep(request)
     assert not (workdir / "runs").exists()  # nothing written
+
+
+def test_here_on_a_container_system_and_taken_names_are_refused_up_front(workdir: Path) -> None:
+    here = SweepRequest("dgx_h100x8", {"train.micro_batch_size": ["4"]}, synthetic=True, here=True)
+    with pytest.raises(FluxClusterError, match=r"sweep point 0 .*launcher 'local' runs on this machine"):
+        create_sweep(here)
+    (workdir / "runs" / "flux1").mkdir(parents=True)  # an ordinary job's runs are no sweep folder
+    request = SweepRequest("local", {"train.micro_batch_size": ["8"]}, synthetic=True, name="flux1")
+    with pytest.raises(FluxClusterError, match=r"runs/flux1: it exists, or choose another --name"):
+        create_sweep(request)
+    create_sweep(replace(request, name="twice"))
+    with pytest.raises(FluxClusterError, match="a sweep of that name exists; --resume it"):
+        create_sweep(replace(request, name="twice"))
+
+
+def test_max_parallel_chains_past_refused_points_and_still_queued_ones(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-parallel 2 on Slurm: point i waits for the job submitted two before it; a point sbatch
+    refused takes no place in the chain; on --resume the points still queued count first."""
+    from types import SimpleNamespace
+
+    from flux_cluster.launch import submit
+
+    submitted: list[tuple[str, str | None]] = []
+
+    def fake_launch(request: object, console: object) -> SimpleNamespace:
+        name, dependency = request.run_name, request.dependency  # type: ignore[attr-defined]
+        if name == "p001":
+            raise FluxClusterError("sbatch refused the job: test")
+        job_id = str(100 + len(submitted))
+        submitted.append((name, dependency))
+        record = SimpleNamespace(launcher="slurm", job_ids=[f"{job_id}_0"])  # an array: its base id counts
+        return SimpleNamespace(run_dir=workdir / name, record=record, exit_code=None)
+
+    monkeypatch.setattr(submit, "launch", fake_launch)
+    grid = {"train.micro_batch_size": ["1", "2", "4", "8"]}
+    folder, _ = create_sweep(SweepRequest("local_slurm", grid, synthetic=True, max_parallel=2, name="q"))
+    state = run_sweep(folder)
+    assert submitted == [("p000", None), ("p002", None), ("p003", "afterany:100")]
+    assert [p.status for p in state.points] == ["running", "failed", "running", "running"]
+    assert state.points[1].error == "sbatch refused the job: test" and state.points[1].run_dir is None
+
+    state.points[1].status = "pending"  # resumed while 101 and 102 are still queued: 1 waits for 101
+    state.points[0].status = "ok"
+    state.points[2].run_dir = state.points[3].run_dir = None  # not re-read from disk here
+    state.save(folder)
+    submitted.clear()
+    monkeypatch.setattr(submit, "launch", lambda r, c: fake_launch(replace(r, run_name="p009"), c))
+    run_sweep(folder)
+    assert submitted == [("p009", "afterany:101")]
+
+
+def test_a_damaged_sweep_file_is_one_line(cli: CliRunner, workdir: Path) -> None:
+    folder = workdir / "runs" / "bad"
+    folder.mkdir(parents=True)
+    document = {
+        "name": "bad", "system": "local", "job": "throughput", "grid": {"nodes": ["1"]}, "overrides": [],
+        "synthetic": True, "max_parallel": None, "here": False, "created_at": 0.0,
+        "points": [{"index": 0, "values": ["nodes=1"]}],
+    }  # fmt: skip
+    (folder / "sweep.json").write_text(json.dumps(document))
+    result = cli.invoke(app, ["sweep", "--resume", "bad"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.startswith(f"error: {folder / 'sweep.json'}: point 0: expected values (strings)")
 
 
 def test_sweep_cli_refuses_input_in_one_line(cli: CliRunner, workdir: Path) -> None:
@@ -164,13 +233,17 @@ def test_sweep_over_node_counts_through_slurm(workdir: Path) -> None:
     assert [p.result["world_size"] for p in state.points] == [1, 2]
     assert all(p.result["synthetic"] is False and p.launcher == "slurm" for p in state.points)
     first, second = (p.job_ids[0] for p in state.points)
+    slurm.wait_until_final([first, second])  # a point's record is written before its job has ended
     out = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", f"{first},{second}", "-o", "JobID,Start,End"],
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, "SLURM_TIME_FORMAT": "standard"},  # ISO 8601, whatever the site sets
     ).stdout
-    times = {line.split("|")[0]: line.split("|")[1:] for line in out.split()}
+    times = {
+        j: [datetime.fromisoformat(t) for t in ts] for j, *ts in (x.split("|") for x in out.splitlines())
+    }
     assert times[second][0] >= times[first][1]  # the second started after the first ended
     rows = _rows(sweep.folder)
     assert [r["nodes"] for r in rows] == ["1", "2"] and all(float(r["samples_per_s"]) > 0 for r in rows)

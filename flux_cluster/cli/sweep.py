@@ -75,7 +75,7 @@ def sweep(
     if resume is not None:
         if grid:
             raise FluxClusterError("--resume keeps the sweep's own grid: give no --grid")
-        folder = find_sweep(resume, runs_dir)
+        folder = find_sweep(resume, runs_dir, system)
     else:
         request = SweepRequest(
             system=system,

@@ -189,8 +189,8 @@ def _with_training_data(
     lora_init = config.train.lora_init
     if bare_metal and lora_init and not Path(lora_init).is_file():
         raise FluxClusterError(f"train.lora_init: {lora_init} is not a file (a LoRA .safetensors)")
-    if not data:
-        return config
+    if not data:  # no mount, no check on the nodes: a synthetic run reads no dataset
+        return config.model_copy(update={"paths": config.paths.model_copy(update={"data_root": None})})
     if spec is None:
         if data_root is None:
             raise FluxClusterError(

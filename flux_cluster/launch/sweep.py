@@ -88,7 +88,8 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
     base = load_system(request.system, list(request.overrides)).config
     for point in points:
         try:
-            config = load_system(request.system, [*request.overrides, *point.overrides]).config
+            overrides = point_overrides(request.overrides, point, request.here)
+            config = load_system(request.system, overrides).config
             if request.job in ("throughput", "train"):
                 from flux_cluster.training.workload import resolve_training
 
@@ -99,13 +100,16 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
     if not re.fullmatch(PLAIN_NAME_PATTERN, name):
         raise FluxClusterError(f"--name {name!r}: one name of letters, digits and _.- (no '/')")
     folder = (runs_root(request.runs_dir, base) / name).absolute()
-    if (folder / SWEEP_FILE).exists():
-        raise FluxClusterError(f"{folder}: a sweep of that name exists; --resume it or choose another --name")
     if base.launcher == "slurm" and not request.here:
         from flux_cluster.launch.submit import check_slurm_path
 
         check_slurm_path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir()  # never into an existing folder: another sweep's, or a job's runs (runs/flux1)
+    except FileExistsError:
+        what = "a sweep of that name exists; --resume it" if (folder / SWEEP_FILE).exists() else "it exists"
+        raise FluxClusterError(f"{folder}: {what}, or choose another --name") from None
     state = SweepState(
         name=name,
         system=request.system,
@@ -125,14 +129,21 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
     return folder, state
 
 
-def find_sweep(spec: str | Path, runs_dir: Path | None = None) -> Path:
-    """A sweep folder by path or by name under the runs directory."""
+def find_sweep(spec: str | Path, runs_dir: Path | None = None, system: str | None = None) -> Path:
+    """A sweep folder by path, or by name under the runs directory (the system's paths.log_root, if it
+    sets one and no --runs-dir is given)."""
     from flux_cluster.launch.rundir import runs_root
 
-    for candidate in (Path(spec), runs_root(runs_dir) / str(spec)):
+    config = None
+    if system is not None:
+        from flux_cluster.config import load_system
+
+        config = load_system(system, []).config
+    root = runs_root(runs_dir, config)
+    for candidate in (Path(spec), root / str(spec)):
         if (candidate / SWEEP_FILE).is_file():
             return candidate.absolute()
-    raise FluxClusterError(f"sweep {str(spec)!r}: no {SWEEP_FILE} there nor under {runs_root(runs_dir)}")
+    raise FluxClusterError(f"sweep {str(spec)!r}: no {SWEEP_FILE} there nor under {root}")
 
 
 def run_sweep(folder: Path, console: "Console | None" = None) -> SweepState:
@@ -150,6 +161,11 @@ def run_sweep(folder: Path, console: "Console | None" = None) -> SweepState:
     return _queue(folder, state, todo, console)
 
 
+def point_overrides(shared: list[str], point: Point, here: bool) -> list[str]:
+    """The --set values a point runs with: the sweep's, the point's, and launcher=local for --here."""
+    return [*shared, *point.overrides, *(["launcher=local"] if here else [])]
+
+
 def _runs_here(state: SweepState) -> bool:
     from flux_cluster.config import load_system
 
@@ -162,13 +178,10 @@ def _point_request(state: SweepState, point: Point, dependency: str | None = Non
     job_args: tuple[str, ...] = ()
     if state.job == "throughput":
         job_args = throughput_args(state.warmup_steps or 0, state.steps or 1)
-    overrides = [*state.overrides, *point.overrides]
-    if state.here:
-        overrides.append("launcher=local")
     return LaunchRequest(
         system=state.system,
         job=state.job,
-        overrides=overrides,
+        overrides=point_overrides(state.overrides, point, state.here),
         experiment=state.name,
         runs_dir=None,
         dependency=dependency,
@@ -187,6 +200,7 @@ def _launch_point(
 
     request = replace(_point_request(state, point, dependency), runs_dir=folder.parent)
     point.status, point.error, point.result, point.job_ids = "running", None, {}, []
+    point.run_dir = point.launcher = None
     try:
         launched = launch(request, console)
     except FluxClusterError as exc:  # e.g. sbatch refused this point: the others still go
@@ -201,6 +215,7 @@ def _launch_point(
 
 
 def _run_here(folder: Path, state: SweepState, todo: list[Point], console: "Console") -> SweepState:
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -213,7 +228,7 @@ def _run_here(folder: Path, state: SweepState, todo: list[Point], console: "Cons
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("sweep", total=len(todo), last="")
         for point in todo:
-            bar.update(task, last=f"point {point.index}: {point.label}")
+            bar.update(task, last=escape(f"point {point.index}: {point.label}"))
             exit_code = _launch_point(folder, state, point, console, None)
             state.save(folder)
             if exit_code is not None and exit_code < 0:  # the run was stopped (Ctrl-C, kill): so is the sweep
@@ -221,23 +236,35 @@ def _run_here(folder: Path, state: SweepState, todo: list[Point], console: "Cons
                     f"sweep {state.name} stopped at point {point.index} (its run was killed by signal "
                     f"{-exit_code}); go on with: flux-cluster sweep --resume {folder}"
                 )
-            bar.update(task, advance=1, last=f"point {point.index}: {_outcome(point)}")
+            bar.update(task, advance=1, last=escape(f"point {point.index}: {_outcome(point)}"))
     return state
 
 
 def _queue(folder: Path, state: SweepState, todo: list[Point], console: "Console") -> SweepState:
-    window = state.max_parallel or len(todo)
-    for i, point in enumerate(todo):
-        before = todo[i - window] if i >= window else None
-        dependency = f"afterany:{before.job_ids[0]}" if before is not None and before.job_ids else None
+    """Submit the points; with --max-parallel N a point waits (afterany) for the N-th job submitted
+    before it, the points still queued or running from an earlier submission counted first, so at most N
+    are ever in Slurm at once. A point sbatch refused takes no place in that chain."""
+    window = state.max_parallel
+    chain = [_base_id(p) for p in state.points if p.status == "running" and p.job_ids]
+    for point in todo:
+        dependency = f"afterany:{chain[-window]}" if window and len(chain) >= window else None
         _launch_point(folder, state, point, console, dependency)
+        if point.job_ids:
+            chain.append(_base_id(point))
         state.save(folder)
+    limit = f", at most {window} at once" if window else ""
     console.print(
-        f"sweep {state.name}: {len(todo)} points queued"
-        + (f", at most {window} at once" if window < len(todo) else "")
-        + f"; follow it: flux-cluster sweep --resume {folder} --wait, or flux-cluster report {folder}"
+        f"sweep {state.name}: {len(todo)} points queued{limit}; follow it: "
+        f"flux-cluster sweep --resume {folder} --wait, or flux-cluster report {folder}",
+        markup=False,
+        highlight=False,
     )
     return state
+
+
+def _base_id(point: Point) -> str:
+    """The job id a dependency names: an array's base id, so it waits for every task."""
+    return point.job_ids[0].split("_")[0]
 
 
 def _outcome(point: Point) -> str:

@@ -91,15 +91,43 @@ class SweepState:
         try:
             data = json.loads(path.read_text())
             points = [Point(**p) for p in data.pop("points")]
-            return cls(**data, points=points)
+            state = cls(**data, points=points)
         except OSError as exc:
             raise FluxClusterError(f"{path}: cannot read it ({exc.strerror}): not a sweep folder") from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise FluxClusterError(f"{path}: not a flux-cluster sweep file ({type(exc).__name__})") from None
+        problem = _problem(state)
+        if problem:
+            raise FluxClusterError(f"{path}: {problem}: not a flux-cluster sweep file (or a damaged one)")
+        return state
 
     @property
     def keys(self) -> list[str]:
         return list(self.grid)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _problem(state: SweepState) -> str | None:
+    """What is wrong with a loaded sweep file's types, or None."""
+    if not isinstance(state.grid, dict) or not all(isinstance(v, list) for v in state.grid.values()):
+        return "grid: expected a mapping of key to a list of values"
+    if state.max_parallel is not None and (not isinstance(state.max_parallel, int) or state.max_parallel < 1):
+        return f"max_parallel {state.max_parallel!r}: expected null or a whole number >= 1"
+    for point in state.points:
+        if (
+            not _strings(point.values)
+            or not isinstance(point.result, dict)
+            or not isinstance(point.job_ids, list)
+        ):
+            return f"point {point.index!r}: expected values (strings), result (a mapping), job_ids (a list)"
+        if point.run_dir is not None and not isinstance(point.run_dir, str):
+            return f"point {point.index!r}: run_dir {point.run_dir!r}: expected a path"
+    return None
 
 
 def _json_safe(value: object) -> object:

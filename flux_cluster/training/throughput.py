@@ -24,6 +24,7 @@ from data_prep.format import DIMS, Dims
 from flux_cluster.atomic import write_atomic
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.errors import causes
 from flux_cluster.jobs.signals import die_with_parent, under_torchrun
 from flux_cluster.launch.sweep_state import THROUGHPUT_FILE
 from flux_cluster.training.attention import attention_backend
@@ -110,7 +111,9 @@ def measure(job: ThroughputJob) -> int:
     try:
         with attention_backend(job.plan.train.attention_backend, info.device):
             record.update(_measure(job, info))
-    except torch.OutOfMemoryError as exc:
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
         # Other ranks may wait in a collective for this one: no more collectives; this rank writes the
         # record and leaves, and torchrun stops the rest.
         message = " ".join(str(exc).split())[:300]
@@ -127,6 +130,11 @@ def measure(job: ThroughputJob) -> int:
         print(f"[throughput] record: {job.record_path}", flush=True)
     dist.destroy_process_group()
     return 0
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError, also where torch.compile (dynamo, inductor) wrapped it in its own error."""
+    return any(isinstance(cause, torch.OutOfMemoryError) for cause in causes(exc))
 
 
 def _facts(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
@@ -190,6 +198,8 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     peak = torch.tensor([memory["peak_memory_gb"]], dtype=torch.float64, device=info.device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     memory["peak_memory_gb"] = peak.item()
+    wait = torch.tensor([float(np.mean(waits))], dtype=torch.float64, device=info.device)
+    dist.all_reduce(wait, op=dist.ReduceOp.MAX)
     mean_s = float(step_s.mean())
     samples_per_s = cfg.global_batch_size / mean_s
     tflops = facts.flops_per_sample * samples_per_s / info.world_size / 1e12
@@ -206,7 +216,7 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
         "mfu": tflops / job.system.peak_bf16_tflops if job.system.peak_bf16_tflops else None,
         "mfu_measured": tflops / facts.peak.tflops if facts.peak.tflops else None,
         "measured_peak_tflops": facts.peak.tflops,
-        "data_wait_ms": float(np.mean(waits)) * 1000,
+        "data_wait_ms": wait.item() * 1000,  # the rank that waited longest
         "attention_kernel": facts.kernel,
         "flops_per_sample": facts.flops_per_sample,
         **memory,

@@ -26,7 +26,6 @@ _fc_run_dir=/runs/throughput/20260101-000000-dgx_h100x8
 _fc_config=/runs/throughput/20260101-000000-dgx_h100x8/config.yaml
 _fc_results_dir=/runs/throughput/20260101-000000-dgx_h100x8/results
 export FLUX_RUN_DIR="$_fc_run_dir"
-export FLUX_DATA_DIR=/data
 
 log() { printf '[flux-cluster %s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
 
@@ -91,7 +90,7 @@ log "job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s), rendezvous ${MASTER_
 on_hosts() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
 _fc_container_name=flux-cluster-"$SLURM_JOB_ID"
 _fc_container_image=/lustre/mlperf/images/flux-cluster+0.1.0-nvidia.sqsh
-_fc_container_mounts=/lustre/mlperf/flux1/energon:/data:ro,/runs/throughput/20260101-000000-dgx_h100x8:/runs/throughput/20260101-000000-dgx_h100x8
+_fc_container_mounts=/runs/throughput/20260101-000000-dgx_h100x8:/runs/throughput/20260101-000000-dgx_h100x8
 _fc_container_env=TORCH_NCCL_ASYNC_ERROR_HANDLING,NCCL_DEBUG,NCCL_NVLS_ENABLE,CUDA_DEVICE_MAX_CONNECTIONS,HF_TOKEN
 _fc_pyxis_args=(--container-name="$_fc_container_name" --container-mounts="$_fc_container_mounts"
     --container-workdir=/workspace/flux-cluster --no-container-mount-home
@@ -123,11 +122,6 @@ wait_step() {
     done
 }
 
-log "checking the data root ${FLUX_DATA_DIR} on every node"
-if ! on_nodes test -d "$FLUX_DATA_DIR" -a -r "$FLUX_DATA_DIR" -a -x "$FLUX_DATA_DIR"; then
-    log "error: the data root ${FLUX_DATA_DIR} is not mounted or not readable on every node"
-    exit 1
-fi
 
 run_experiment() {
     local _fc_rc=0

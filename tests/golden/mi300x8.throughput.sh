@@ -26,7 +26,6 @@ _fc_run_dir=/runs/throughput/20260101-000000-mi300x8
 _fc_config=/runs/throughput/20260101-000000-mi300x8/config.yaml
 _fc_results_dir=/runs/throughput/20260101-000000-mi300x8/results
 export FLUX_RUN_DIR="$_fc_run_dir"
-export FLUX_DATA_DIR=/data
 
 log() { printf '[flux-cluster %s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*"; }
 
@@ -107,7 +106,6 @@ on_hosts "$_fc_runtime" rm --force "$_fc_container_name" >/dev/null 2>&1 || true
 on_hosts "$_fc_runtime" run --detach --rm --name="$_fc_container_name" \
     --device=/dev/kfd --device=/dev/dri \
     --ipc=host --network=host --ulimit=memlock=-1 --ulimit=stack=67108864 \
-    --volume=/mnt/mlperf/flux1/energon:/data:ro \
     --volume=/runs/throughput/20260101-000000-mi300x8:/runs/throughput/20260101-000000-mi300x8 \
     --shm-size=64g \
     --cap-add=SYS_PTRACE \
@@ -144,11 +142,6 @@ wait_step() {
     done
 }
 
-log "checking the data root ${FLUX_DATA_DIR} on every node"
-if ! on_nodes test -d "$FLUX_DATA_DIR" -a -r "$FLUX_DATA_DIR" -a -x "$FLUX_DATA_DIR"; then
-    log "error: the data root ${FLUX_DATA_DIR} is not mounted or not readable on every node"
-    exit 1
-fi
 
 run_experiment() {
     local _fc_rc=0
