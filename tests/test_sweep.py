@@ -141,7 +141,8 @@ def test_the_api_imports_no_torch() -> None:
 def test_local_sweep_records_oom_goes_on_resumes_and_matches_the_api(
     cli: CliRunner, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """4 points (micro-batch 4, 8 x fp32, bf16), the micro-batch 8 ones out of memory by the test hook."""
+    """4 points (micro-batch 4, 8 x no, full activation checkpointing) in bf16, as GPU systems train; the
+    micro-batch 8 ones out of memory by the test hook."""
     result = cli.invoke(
         app,
         [
@@ -151,9 +152,11 @@ def test_local_sweep_records_oom_goes_on_resumes_and_matches_the_api(
             "--grid",
             "train.micro_batch_size=4,8",
             "--grid",
-            "train.param_dtype=float32,bfloat16",
+            "train.activation_checkpointing=none,full",
             "--name",
             "mbs",
+            "--set",
+            "train.param_dtype=bfloat16",  # the GPU default, as the checkpointing points' wrapping
             "--set",
             "price_per_gpu_hour=2.5",
             *QUICK,
@@ -163,11 +166,11 @@ def test_local_sweep_records_oom_goes_on_resumes_and_matches_the_api(
     assert result.exit_code == 0, result.output
     folder = workdir / "runs" / "mbs"
     rows = _rows(folder)
-    assert [(r["train.micro_batch_size"], r["train.param_dtype"]) for r in rows] == [
-        ("4", "float32"),
-        ("4", "bfloat16"),
-        ("8", "float32"),
-        ("8", "bfloat16"),
+    assert [(r["train.micro_batch_size"], r["train.activation_checkpointing"]) for r in rows] == [
+        ("4", "none"),
+        ("4", "full"),
+        ("8", "none"),
+        ("8", "full"),
     ]
     assert [r["status"] for r in rows] == ["ok", "ok", "oom", "oom"]
     for row in rows[:2]:
@@ -183,6 +186,9 @@ def test_local_sweep_records_oom_goes_on_resumes_and_matches_the_api(
         assert "out of memory" in row["error"] and TEST_OOM_ENV in row["error"]
     run_dirs = [Path(r["run_dir"]) for r in rows]
     assert all(d.parent == folder and d.name.endswith(f"-p{i:03d}") for i, d in enumerate(run_dirs))
+    for run_dir, checkpointing in zip(run_dirs[:2], ("none", "full"), strict=True):  # what really ran
+        ran = json.loads((run_dir / "results" / "throughput.json").read_text())
+        assert ran["param_dtype"] == "bfloat16" and ran["activation_checkpointing"] == checkpointing
     oom_record = json.loads((run_dirs[2] / "results" / "throughput.json").read_text())
     assert oom_record["status"] == "oom" and oom_record["micro_batch_size"] == 8
     state = SweepState.load(folder)

@@ -11,7 +11,7 @@ no answer (neither ok, oom nor 'not converged').
 import json
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,6 +75,7 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
     from flux_cluster.config import load_system
     from flux_cluster.config.schema import PLAIN_NAME_PATTERN
     from flux_cluster.launch.rundir import runs_root
+    from flux_cluster.training.workload import resolve_training
 
     if request.job not in SWEEP_JOBS:
         raise FluxClusterError(f"--job {request.job}: a sweep runs {' or '.join(SWEEP_JOBS)}")
@@ -89,11 +90,7 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
     for point in points:
         try:
             overrides = point_overrides(request.overrides, point, request.here)
-            config = load_system(request.system, overrides).config
-            if request.job in ("throughput", "train"):
-                from flux_cluster.training.workload import resolve_training
-
-                resolve_training(config)
+            resolve_training(load_system(request.system, overrides).config)  # both jobs train
         except FluxClusterError as exc:
             raise FluxClusterError(f"sweep point {point.index} ({point.label}): {exc}") from None
     name = request.name or f"sweep-{base.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -172,7 +169,7 @@ def _runs_here(state: SweepState) -> bool:
     return state.here or load_system(state.system, list(state.overrides)).config.launcher == "local"
 
 
-def _point_request(state: SweepState, point: Point, dependency: str | None = None) -> "LaunchRequest":
+def _point_request(folder: Path, state: SweepState, point: Point, dependency: str | None) -> "LaunchRequest":
     from flux_cluster.launch.submit import LaunchRequest, throughput_args
 
     job_args: tuple[str, ...] = ()
@@ -183,7 +180,7 @@ def _point_request(state: SweepState, point: Point, dependency: str | None = Non
         job=state.job,
         overrides=point_overrides(state.overrides, point, state.here),
         experiment=state.name,
-        runs_dir=None,
+        runs_dir=folder.parent,
         dependency=dependency,
         job_args=job_args,
         synthetic=state.synthetic,
@@ -198,7 +195,7 @@ def _launch_point(
     """Launch one point; returns a local run's exit code (None on Slurm)."""
     from flux_cluster.launch.submit import launch
 
-    request = replace(_point_request(state, point, dependency), runs_dir=folder.parent)
+    request = _point_request(folder, state, point, dependency)
     point.status, point.error, point.result, point.job_ids = "running", None, {}, []
     point.run_dir = point.launcher = None
     try:
