@@ -1,10 +1,12 @@
 """Process-group start-up shared by every job: ranks come from torchrun or from srun (one task per GPU)."""
 
+import atexit
 import datetime
 import os
+import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     import torch
@@ -62,3 +64,18 @@ def init_distributed(preference: str = "auto", timeout_s: int = 600) -> DistInfo
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a rank whose job is done: run the exit handlers (log files, loader workers), flush, and leave
+    without interpreter finalization.
+
+    torch's DTensor caches (MeshTopoInfo, the redistribute planner, sharding propagation) keep every
+    mesh's process groups alive past ``destroy_process_group()``, so their gloo threads are still running
+    when the interpreter tears down; destroying them there can abort a rank that finished its work
+    ("terminate called without an active exception"), and srun then fails a successful step.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -12,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+from flux_cluster.dist import exit_rank
 from flux_cluster.launch.rundir import read_run_config
 from flux_cluster.training.workload import TrainingPlan
 
@@ -53,4 +54,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

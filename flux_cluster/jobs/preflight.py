@@ -13,7 +13,6 @@ import os
 import platform
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from flux_cluster.atomic import write_atomic
-from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.dist import DistInfo, exit_rank, init_distributed
 from flux_cluster.jobs.signals import StopRequest, finish_interrupted
 from flux_cluster.launch.rundir import read_run_config
 
@@ -302,4 +301,4 @@ def _failures(reports: list[dict[str, Any]], all_reduce_correct: bool, vendor: s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

@@ -11,6 +11,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from flux_cluster.dist import exit_rank  # noqa: E402
 from flux_cluster.launch.rundir import read_run_config  # noqa: E402
 from flux_cluster.training.workload import TrainingPlan  # noqa: E402
 
@@ -51,4 +52,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())
