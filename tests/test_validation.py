@@ -73,3 +73,21 @@ def test_two_ranks_give_the_single_rank_number(root: Path, tmp_path: Path) -> No
     assert ranks[0] == ranks[1]
     assert ranks[0]["samples"] == 27
     assert ranks[0]["loss"] == pytest.approx(single, rel=1e-6)  # other batch shapes, other float rounding
+
+
+@pytest.mark.parametrize("val", [3, 1], ids=["a batch more on rank 0", "nothing on rank 1"])
+def test_ranks_with_uneven_val_shares_step_together(
+    val: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's folder gives any val count: with batch 1 on 2 ranks, 3 samples are 2 + 1 batches and
+    1 sample leaves a rank empty. Every rank runs as many forwards as the longest share (the model's
+    forward is a collective there) and the loss counts each sample once."""
+    root = make_energon_root(tmp_path / "data", 4, val)
+    single, _ = validation_loss(
+        FixedModel(), val_loader(root, batch_size=1, rank=0, world_size=1), torch.device("cpu")
+    )
+    monkeypatch.setenv("FLUX_TEST_VAL_BATCH", "1")
+    ranks = run_two_ranks(HELPER, root, tmp_path)
+    assert [r["forwards"] for r in ranks] == [(val + 1) // 2] * 2
+    assert all(r["samples"] == val for r in ranks)
+    assert ranks[0]["loss"] == ranks[1]["loss"] == pytest.approx(single, rel=1e-6)

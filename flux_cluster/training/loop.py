@@ -461,6 +461,7 @@ def _evaluate(
         ),
         batches,
         info.device,
+        spare=lambda: next(iter(val_loader(ctx.data_dir, batch_size=1, rank=0, world_size=1))),
     )
     model.train()
     mllog.eval_accuracy(loss, progress.samples, epoch)

@@ -60,23 +60,47 @@ def validation_loss(
     batches: Iterable[object],
     device: torch.device,
     seed: int = 0,
+    spare: Callable[[], object] | None = None,
 ) -> tuple[float, int]:
     """(MLPerf validation loss, samples) over this rank's val batches, combined across all ranks.
 
-    Each batch has keys, t5, clip, mean, logvar and timestep (as data_prep.loader.FluxBatch)."""
+    Each batch has keys, t5, clip, mean, logvar and timestep (as data_prep.loader.FluxBatch). The ranks
+    step through their batches together: a sharded model's forward is a collective, and a rank's share
+    of val can be a batch shorter than another's (or empty). A rank that has run out repeats its last
+    batch, or ``spare()`` if it had none, uncounted, until every rank is done."""
+    distributed = dist.is_available() and dist.is_initialized()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of per-sample losses, samples)
-    for batch in batches:
+    remaining = iter(batches)
+    last: object | None = None
+    while True:
+        batch = next(remaining, None)
+        if distributed:
+            more = torch.tensor([batch is not None], dtype=torch.int32, device=device)
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+            if not more.item():
+                break
+        elif batch is None:
+            break
+        counted = batch is not None
+        if batch is None:
+            if last is None:
+                if spare is None:
+                    raise ValueError("this rank has no val batch to keep step with the others")
+                last = spare()
+            batch = last
+        last = batch
         mean, logvar = batch.mean.to(device), batch.logvar.to(device)  # type: ignore[attr-defined]
         eps, noise = val_draws(list(batch.keys), tuple(mean.shape[1:]), seed)  # type: ignore[attr-defined]
         z = sample_latents(mean, logvar, eps.to(device))
         t = batch.timestep.to(device).float() / VAL_TIMESTEPS  # type: ignore[attr-defined]
         x_t, target = interpolate(z, noise.to(device), t)
         prediction = predict(x_t, t, batch.t5.to(device), batch.clip.to(device))  # type: ignore[attr-defined]
-        losses = per_sample_mse(prediction, target)
-        total += torch.stack(
-            [losses.double().sum(), torch.tensor(len(losses), dtype=torch.float64, device=device)]
-        )
-    if dist.is_available() and dist.is_initialized():
+        if counted:
+            losses = per_sample_mse(prediction, target)
+            total += torch.stack(
+                [losses.double().sum(), torch.tensor(len(losses), dtype=torch.float64, device=device)]
+            )
+    if distributed:
         dist.all_reduce(total)
     samples = int(total[1].item())
     if samples == 0:

@@ -1,6 +1,10 @@
-"""Under torchrun (2 ranks, gloo): the validation loss of a fixed model over each rank's val part."""
+"""Under torchrun (2 ranks, gloo): the validation loss of a fixed model over each rank's val part.
+
+The model's forward is a collective, as a sharded model's is (FSDP all-gathers its weights), so ranks
+that do not step through val together hang here. FLUX_TEST_VAL_BATCH sets the val batch size (4)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,12 +19,29 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from test_validation import FixedModel
 
 
+class CollectiveModel(FixedModel):
+    forwards = 0
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(torch.ones(1))
+        self.forwards += 1
+        return super().forward(*inputs)
+
+
 def main(root: Path, out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    batches = val_loader(root, batch_size=4, rank=rank, world_size=world, dims=DIMS["tiny"])
-    loss, samples = validation_loss(FixedModel(), batches, torch.device("cpu"))
-    (out / f"rank{rank}.json").write_text(json.dumps({"loss": loss, "samples": samples}))
+    batch_size = int(os.environ.get("FLUX_TEST_VAL_BATCH", "4"))
+    batches = val_loader(root, batch_size=batch_size, rank=rank, world_size=world, dims=DIMS["tiny"])
+    model = CollectiveModel()
+    loss, samples = validation_loss(
+        model,
+        batches,
+        torch.device("cpu"),
+        spare=lambda: next(iter(val_loader(root, batch_size=1, rank=0, world_size=1, dims=DIMS["tiny"]))),
+    )
+    record = {"loss": loss, "samples": samples, "forwards": model.forwards}
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 
 
