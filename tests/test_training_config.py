@@ -125,3 +125,48 @@ def test_finetune_workload_resolves_epochs_and_learning_rates_by_mode_and_optimi
 def test_finetune_workload_refuses_pretraining() -> None:
     with pytest.raises(FluxClusterError, match=r"train.mode: 'pretrain' does not fine-tune"):
         plan_for("dgx_h100x8", "train.benchmark=finetune")
+
+
+def test_a_systems_per_workload_values_apply_to_that_workload_only(tmp_path: Path) -> None:
+    tuning = ("train.benchmark=finetune", "train.mode=lora", f"train.pretrained_path={tmp_path}")
+    # local's flux1 demo: no preset at batch 16, so its own rate, warmup, eval interval and budget
+    flux1 = plan_for("local")
+    assert (flux1.learning_rate, flux1.warmup_steps, flux1.train.eval_every_steps) == (3e-3, 10, 50)
+    assert flux1.train.max_samples == 16000 and flux1.global_batch_size == 16
+    assert plan_for("local", *tuning).learning_rate == 3e-3  # local's tiny-model fine-tuning demo
+    # local_gpu extends local yet fine-tunes a real checkpoint at the workload's rates, with no warmup,
+    # eval interval or sample budget of flux1's
+    gpu = plan_for("local_gpu", *tuning)
+    assert (gpu.learning_rate, gpu.warmup_steps, gpu.train.eval_every_steps, gpu.train.max_samples) == (
+        1e-4,
+        0,
+        None,
+        None,
+    )
+    assert plan_for("local_gpu", *tuning[:1], "train.mode=finetune", tuning[2]).learning_rate == 1e-5
+    assert plan_for("local_gpu").learning_rate == 1e-3
+    # --set wins over the section, and the section itself can be set
+    assert plan_for("local", "train.learning_rate=1e-2").learning_rate == 1e-2
+    assert plan_for("local", "benchmarks.flux1.warmup_steps=3").warmup_steps == 3
+    resolved = load_system("local")
+    assert resolved.source_of("train.learning_rate") == "configs/systems/local.yaml (benchmarks.flux1)"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("benchmarks:\n  flux1:\n    lerning_rate: 1.0e-3\n", "benchmarks.flux1.lerning_rate"),
+        ("benchmarks:\n  flux2:\n    learning_rate: 1.0e-3\n", "benchmarks.flux2.learning_rate"),
+        ("benchmarks:\n  flux1: 3\n", "benchmarks.flux1"),
+    ],
+)
+def test_a_bad_per_workload_section_is_one_line_naming_file_and_key(
+    text: str, problem: str, tmp_path: Path
+) -> None:
+    system = tmp_path / "site.yaml"
+    system.write_text("extends: local\n" + text)
+    with pytest.raises(FluxClusterError) as caught:
+        load_system(str(system))
+    message = str(caught.value)
+    assert "\n" not in message and "site.yaml" in message and problem in message
+    assert "expected benchmarks.<workload>.<train key> (workloads: finetune, flux1)" in message

@@ -357,6 +357,31 @@ def _interpolate(leaves: dict[str, Any], sources: dict[str, str], environ: Mappi
             sources[key] = f"{sources[key]} (${{{'}, ${'.join(used)}}})"
 
 
+def _select_benchmark(leaves: dict[str, Any], sources: dict[str, str], benchmark: object) -> None:
+    """A system's ``benchmarks.<name>:`` train values apply when train.benchmark is <name>, above its
+    ``train:`` section and below --set: hyperparameters tuned for one workload on this system (the local
+    flux1 demo's learning rate) never leak into another (fine-tuning a real checkpoint)."""
+    from flux_cluster.config.training import TrainConfig
+    from flux_cluster.resources import benchmarks_dir
+
+    known = {p.stem for p in benchmarks_dir().glob("*.yaml")}
+    benchmark = benchmark if benchmark is not None else TrainConfig.model_fields["benchmark"].default
+    chosen = {}
+    for key in [k for k in leaves if k == "benchmarks" or k.startswith("benchmarks.")]:
+        value, source = leaves.pop(key), sources.pop(key)
+        parts = key.split(".", 2)
+        if len(parts) == 2 and value in ({}, None):  # 'finetune: {}' clears what a base file set
+            continue
+        if len(parts) < 3 or parts[1] not in known or parts[2].split(".")[0] not in TrainConfig.model_fields:
+            raise FluxClusterError(
+                f"{source}: {key}: expected benchmarks.<workload>.<train key> "
+                f"(workloads: {', '.join(sorted(known))})"
+            )
+        if parts[1] == benchmark:
+            chosen[f"train.{parts[2]}"] = (value, f"{source} (benchmarks.{benchmark})")
+    _merge(leaves, sources, {k: v for k, (v, _) in chosen.items()}, {k: o for k, (_, o) in chosen.items()})
+
+
 def _parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
     if not _is_text(text):  # an undecodable byte in argv arrives as a lone surrogate
         raise FluxClusterError(f"{origin} {text!r}: not valid UTF-8 text; expected KEY=VALUE")
@@ -486,10 +511,18 @@ def load_system(
     path = _find_file(name)
     leaves, sources = _load_chain(path)
     _interpolate(leaves, sources, environ)
+    parsed = []
     for override in overrides:
         text, origin = (override, "--set") if isinstance(override, str) else override
-        key, value = _parse_override(text, origin)
-        _merge(leaves, sources, {key: value}, {key: origin})
+        parsed.append((*_parse_override(text, origin), origin))
+    for key, value, origin in parsed:  # a workload's section first: --set benchmarks.flux1.x=... works too
+        if key.split(".")[0] == "benchmarks":
+            _merge(leaves, sources, {key: value}, {key: origin})
+    benchmark = next((v for k, v, _ in reversed(parsed) if k == "train.benchmark"), None)
+    _select_benchmark(leaves, sources, leaves.get("train.benchmark") if benchmark is None else benchmark)
+    for key, value, origin in parsed:
+        if key.split(".")[0] != "benchmarks":
+            _merge(leaves, sources, {key: value}, {key: origin})
     _check_text(leaves, sources)
     leaves.setdefault("name", path.stem)
     sources.setdefault("name", _display(path))

@@ -55,8 +55,9 @@ class TrainConfig(BaseModel):
     target modules must match lora_rank and lora_targets."""
     epochs: int | None = Field(default=None, ge=1)
     """Fine-tuning workloads: passes over the train split; None takes the workload's default."""
-    global_batch_size: int = Field(default=512, ge=1)
-    """Samples per optimizer step across all ranks (MLPerf's global_batch_size)."""
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Samples per optimizer step across all ranks (MLPerf's global_batch_size); None takes the workload's:
+    flux1 the reference's 512, fine-tuning one micro-batch per rank (no gradient accumulation)."""
     micro_batch_size: int = Field(default=16, ge=1)
     """Samples per rank per forward/backward; the rest of the global batch is gradient accumulation."""
     learning_rate: float | None = Field(default=None, gt=0)
@@ -136,7 +137,7 @@ class TrainConfig(BaseModel):
                 f"precision 'fp8' needs param_dtype 'bfloat16' and mode 'pretrain' or 'finetune' "
                 f"(got param_dtype {self.param_dtype!r}, mode {self.mode!r})"
             )
-        if self.global_batch_size % self.micro_batch_size:
+        if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"global_batch_size {self.global_batch_size} is not a multiple of "
                 f"micro_batch_size {self.micro_batch_size}"

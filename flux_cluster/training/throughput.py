@@ -147,7 +147,7 @@ def _facts(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
         "model": cfg.model,
         "mode": cfg.mode,
         "micro_batch_size": cfg.micro_batch_size,
-        "global_batch_size": cfg.global_batch_size,
+        "global_batch_size": job.plan.global_batch_size,
         "grad_accum_steps": job.plan.grad_accum_steps,
         "param_dtype": cfg.param_dtype,
         "precision": cfg.precision,
@@ -201,7 +201,7 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     wait = torch.tensor([float(np.mean(waits))], dtype=torch.float64, device=info.device)
     dist.all_reduce(wait, op=dist.ReduceOp.MAX)
     mean_s = float(step_s.mean())
-    samples_per_s = cfg.global_batch_size / mean_s
+    samples_per_s = plan.global_batch_size / mean_s
     tflops = facts.flops_per_sample * samples_per_s / info.world_size / 1e12
     p50, p90, p99 = np.percentile(step_s * 1000, [50, 90, 99])
     return {

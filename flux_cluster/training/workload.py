@@ -23,6 +23,8 @@ class _Strict(BaseModel):
 
 
 class MlperfFacts(_Strict):
+    global_batch_size: int = Field(ge=1)
+    """The reference's global batch, for a system that sets none."""
     eval_interval_samples: int = Field(ge=1)
     quality_target: float = Field(gt=0)
     train_samples: int = Field(ge=1)
@@ -111,6 +113,11 @@ class TrainingPlan(_Strict):
     workload_file: str
 
     @property
+    def global_batch_size(self) -> int:
+        assert self.train.global_batch_size is not None
+        return self.train.global_batch_size
+
+    @property
     def learning_rate(self) -> float:
         assert self.train.learning_rate is not None
         return self.train.learning_rate
@@ -155,7 +162,7 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
         return _resolve_finetune(system, workload, path)
     assert workload.mlperf is not None
     world = system.nodes * system.gpus_per_node
-    gbs, mbs = train.global_batch_size, train.micro_batch_size
+    gbs, mbs = train.global_batch_size or workload.mlperf.global_batch_size, train.micro_batch_size
     _check_split(gbs, mbs, world)
     preset = workload.batch_presets.get(gbs)
     if preset is None and (train.learning_rate is None or train.warmup_steps is None):
@@ -167,6 +174,7 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
     dp_shard = _dp_shard(system, world)
     filled = _with(
         train,
+        global_batch_size=gbs,
         learning_rate=preset.learning_rate if preset else None,
         warmup_steps=preset.warmup_steps if preset else None,
         eval_every_steps=math.ceil(workload.mlperf.eval_interval_samples / gbs),
@@ -196,11 +204,13 @@ def _resolve_finetune(system: SystemConfig, workload: Workload, path: Path) -> T
             "(and train.pretrained_path)"
         )
     world = system.nodes * system.gpus_per_node
-    gbs, mbs = train.global_batch_size, train.micro_batch_size
+    mbs = train.micro_batch_size
+    gbs = train.global_batch_size or mbs * world
     _check_split(gbs, mbs, world)
     rates = workload.finetune.learning_rate
     filled = _with(
         train,
+        global_batch_size=gbs,
         learning_rate=rates["prodigy"] if train.optimizer == "prodigy" else rates[train.mode],
         warmup_steps=workload.finetune.warmup_steps,
         epochs=workload.finetune.epochs,
