@@ -5,22 +5,27 @@ Each image goes through a local FLUX pipeline's VAE (latent mean/logvar) and its
 MLCommons' preprocessed data. The rest is prepare-data's: convert, index and verify write the shards, so
 training, ``data info`` and verify need no second format.
 
-Work is cut into chunks of images (sorted by name, train and val apart). A chunk's encodings are cached
-as one Arrow file named by the hash of what went into it (the model's fingerprint, the resolution, the
-text length, every image's bytes, caption and val timestep): a later run over the same images reuses it,
-an interrupted run resumes at the first chunk not written, and Slurm array tasks each encode their share
-of the chunks into the same cache. The validation split is chosen by a hash of each image's name (stable
-as the folder grows) and its samples get the timesteps 0..7 in turn, as MLPerf's val set, so the
-validation loss is deterministic and comparable across runs.
+Work is cut into chunks of images (sorted by name, train and val apart) whose ends depend on the names,
+not on positions: a chunk ends after an image whose name hash is 0 modulo ``chunk_images`` (so chunks
+hold that many images on average, at most MAX_CHUNK_FACTOR times as many), and an image added to or
+removed from the folder changes the chunk it falls in only. A chunk's encodings are cached as one Arrow file
+named by the hash of what went into it (the model's fingerprint, the resolution, the text length, every
+image's bytes, caption and val timestep): a later run over the same images reuses it, an interrupted run
+resumes at the first chunk not written, and Slurm array tasks each encode their share of the chunks into
+the same cache. The validation split is exactly round(val_fraction x images) of them (at least one), those
+with the smallest hashes of their names (stable as the folder grows), and its samples get the timesteps
+0..7 in turn, as MLPerf's val set, so the validation loss is deterministic and comparable across runs.
 """
 
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,9 @@ from flux_cluster.safe_text import markup_escape
 ENCODING_VERSION = 1
 """Bumped when what an encoding holds changes: older cache entries are then not reused."""
 DEFAULT_CHUNK_IMAGES = 256
+"""Images per chunk on average (chunk ends depend on the images' names)."""
+MAX_CHUNK_FACTOR = 4
+"""A chunk holds at most this many times chunk_images images, whatever the names."""
 SUMMARY_FILE = "flux-encoded.json"
 """In the Energon root: what was encoded, from what, with which model (read by fine-tuning and evaluate)."""
 
@@ -70,6 +78,7 @@ class EncodeOptions:
     strict: bool = False
     batch_size: int = 8
     chunk_images: int = DEFAULT_CHUNK_IMAGES
+    """Images per chunk on average: the unit of caching, of re-encoding and of Slurm array tasks."""
     cache: Path | None = None
     """Where encoded chunks are kept; None: <user cache>/flux-cluster/encoded."""
     seed: int = 0
@@ -147,24 +156,28 @@ def _digest(record: ImageRecord) -> str:
     return digest.hexdigest()
 
 
-def _is_val(name: str, fraction: float) -> bool:
-    """A stable draw per image name: adding images never moves others between splits."""
-    value = int.from_bytes(hashlib.sha256(f"val:{name}".encode()).digest()[:8], "big")
-    return value / 2**64 < fraction
+def _name_hash(purpose: str, name: str) -> int:
+    """A stable number per image name and purpose (its draw for the val split, or for a chunk end)."""
+    return int.from_bytes(hashlib.sha256(f"{purpose}:{name}".encode()).digest()[:8], "big")
+
+
+def val_count(images: int, fraction: float) -> int:
+    """Images in the validation split: round(fraction x images), halves up, at least 1, and at least one
+    image left for training."""
+    return max(1, min(math.floor(fraction * images + 0.5), images - 1))
 
 
 def split_items(records: list[ImageRecord], options: EncodeOptions) -> list[Item]:
-    """Every record with its split, val timestep and content digest (train first, then val, by name)."""
+    """Every record with its split, val timestep and content digest (train first, then val, by name).
+    The val images are the val_count with the smallest name hashes: a stable choice as the folder grows
+    (an added image joins val only by out-drawing one that was there, or when the count grows)."""
     if len(records) < 2:
         raise FluxClusterError(
             f"{options.images}: {len(records)} usable image(s); fine-tuning needs at least 2 (train and val)"
         )
-    val = [r for r in records if _is_val(r.name, options.val_fraction)]
-    if not val:  # a small folder: still one val image, the one closest to being drawn
-        val = [min(records, key=lambda r: hashlib.sha256(f"val:{r.name}".encode()).digest())]
-    if len(val) == len(records):
-        val = val[:-1]
-    val_names = {r.name for r in val}
+    drawn = sorted(records, key=lambda r: _name_hash("val", r.name))
+    val_names = {r.name for r in drawn[: val_count(len(records), options.val_fraction)]}
+    val = [r for r in records if r.name in val_names]
     train = [r for r in records if r.name not in val_names]
     # MLPerf assigns val timesteps as arange(N) % 8 after a seeded shuffle: equal counts per timestep.
     order = list(range(len(val)))
@@ -175,16 +188,29 @@ def split_items(records: list[ImageRecord], options: EncodeOptions) -> list[Item
 
 
 def make_chunks(items: list[Item], encoding: str, size: int) -> list[Chunk]:
+    """The items in chunks of ``size`` images on average, train and val apart, each in name order. A chunk
+    ends after an image whose name hash is 0 modulo size, or at MAX_CHUNK_FACTOR x size images: the ends
+    depend on the names, not on positions, so an image added or removed changes only the chunk it falls
+    in (split in two, or merged with the next, when the image is an end) and the other chunks stay in the
+    cache. (Chunks cut at the maximum, 2% of them on average, move with their run of names.)"""
     chunks = []
     for split in ("train", "val"):
-        mine = [item for item in items if item.split == split]
-        for start in range(0, len(mine), size):
-            part = tuple(mine[start : start + size])
-            digest = hashlib.sha256(encoding.encode())
-            for item in part:
-                digest.update(f"\n{item.record.name}\0{item.digest}\0{item.timestep}".encode())
-            chunks.append(Chunk(split, part, digest.hexdigest()[:24]))  # type: ignore[arg-type]
+        part: list[Item] = []
+        for item in (item for item in items if item.split == split):
+            part.append(item)
+            if _name_hash("chunk", item.record.name) % size == 0 or len(part) >= MAX_CHUNK_FACTOR * size:
+                chunks.append(_chunk(split, part, encoding))  # type: ignore[arg-type]
+                part = []
+        if part:
+            chunks.append(_chunk(split, part, encoding))  # type: ignore[arg-type]
     return chunks
+
+
+def _chunk(split: Split, items: list[Item], encoding: str) -> Chunk:
+    digest = hashlib.sha256(encoding.encode())
+    for item in items:
+        digest.update(f"\n{item.record.name}\0{item.digest}\0{item.timestep}".encode())
+    return Chunk(split, tuple(items), digest.hexdigest()[:24])
 
 
 class ChunkEncoder:
@@ -210,9 +236,8 @@ class ChunkEncoder:
     def rows(self, chunk: Chunk, progress: StageProgress) -> Iterator[dict[str, Any]]:
         """The chunk's rows; an image that cannot be decoded is reported and left out (refused if strict)."""
         batch = self.options.batch_size
-        loaded = self.pool.map(self._load, chunk.items)
         pending: list[tuple[Item, np.ndarray]] = []
-        for item, pixels in zip(chunk.items, loaded, strict=True):
+        for item, pixels in self._decoded(chunk.items, ahead=2 * batch):
             if pixels is not None:
                 pending.append((item, pixels))
             if len(pending) == batch:
@@ -220,6 +245,19 @@ class ChunkEncoder:
                 pending = []
         if pending:
             yield from self._encode(pending, progress)
+
+    def _decoded(self, items: Iterable[Item], ahead: int) -> Iterator[tuple[Item, np.ndarray | None]]:
+        """(item, its pixels) in order, decoded in the pool at most ``ahead`` images in advance: memory
+        stays bounded whatever the chunk's size."""
+        queue: deque[tuple[Item, Future[np.ndarray | None]]] = deque()
+        for item in items:
+            queue.append((item, self.pool.submit(self._load, item)))
+            if len(queue) > ahead:
+                done, future = queue.popleft()
+                yield done, future.result()
+        while queue:
+            done, future = queue.popleft()
+            yield done, future.result()
 
     def _load(self, item: Item) -> np.ndarray | None:
         try:

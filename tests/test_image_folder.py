@@ -347,3 +347,28 @@ def test_demo_images_refuse_an_unknown_layout_before_writing(tmp_path: Path) -> 
     assert not (tmp_path / "demo").exists()
     result = CliRunner().invoke(app, ["data", "demo-images", str(tmp_path / "demo"), "--count", "3"])
     assert result.exit_code == 0 and len(scan_folder(tmp_path / "demo").records) == 3
+
+
+def test_the_val_split_is_round_fraction_of_the_images_with_the_smallest_name_hashes(tmp_path: Path) -> None:
+    """data encode's split (data_prep.encode.split_items): exactly round(fraction x images), halves up, at
+    least one and never every image; chosen by name, so the same images stay in val as the folder changes
+    around them; the val timesteps 0..7 in turn."""
+    from data_prep.encode import EncodeOptions, split_items
+
+    write_image_folder(tmp_path / "images", "captions.txt", 41, size=(8, 8))
+    records = scan_folder(tmp_path / "images").records
+
+    def val(chosen: list, fraction: float = 0.1) -> dict[str, int | None]:
+        options = EncodeOptions(images=tmp_path, output=tmp_path, model=tmp_path, val_fraction=fraction)
+        return {i.record.name: i.timestep for i in split_items(chosen, options) if i.split == "val"}
+
+    assert [len(val(records[:n])) for n in (2, 8, 15, 25, 40, 41)] == [1, 1, 2, 3, 4, 4]
+    assert len(val(records[:3], 0.5)) == 2 and len(val(records[:2], 0.5)) == 1
+    assert sorted(val(records[:40]).values()) == [0, 1, 2, 3]
+    # Dropping train images (4 of them: the count stays round(3.6) = 4) leaves val as it was; a 41st image
+    # either stays out of val or takes the place of exactly one val image.
+    kept = set(val(records[:40]))
+    fewer = [r for r in records[:40] if r.name in kept or r.name >= "img_005"]
+    assert len(fewer) == 36 and set(val(fewer)) == kept
+    grown = set(val(records))
+    assert len(grown - kept) == len(kept - grown) <= 1 and grown - kept <= {records[40].name}

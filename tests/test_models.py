@@ -3,8 +3,11 @@ FLUX encoders that read a pipeline folder (data_prep/encoders.py). All in-proces
 
 import json
 import logging
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -105,6 +108,60 @@ def test_models_tiny_cli(cli: CliRunner, tmp_path: Path) -> None:
     assert "exists and is not a folder" in error_line(
         cli.invoke(app, ["models", "tiny", str(tmp_path / "a-file")])
     )
+
+
+KNOWN_NOTICES = {
+    "torchao": "Failed to load /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-"
+    "linux-gnu.so: Could not load this library: /venv/lib/python3.11/site-packages/torchao/_C_mxfp8.cpython"
+    "-310-x86_64-linux-gnu.so",
+    "torch.utils._pytree": "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by "
+    "torch.compile as an opaque value type. Calling register_constant() on Enum subclasses is deprecated",
+    "diffusers.quantizers.torchao.torchao_quantizer": "Unable to import `torchao` Tensor objects. This may "
+    "affect loading checkpoints serialized with `torchao`",
+    "bitsandbytes.backends.cpu.ops": "Failed to load CPU gemm_4bit_forward from kernels-community: No module "
+    "named 'kernels'. Please make sure you already `pip install kernels` and the kernels >= 0.11.1",
+    "transformers.utils.import_utils": "`CLIPImageProcessor` requires torchvision (not installed); falling "
+    "back to `CLIPImageProcessorPil` for backward compatibility. Install torchvision to use the default "
+    "backend",
+}
+"""What these libraries log, word for word, when `models tiny` or `data encode` imports them here."""
+
+
+@pytest.mark.parametrize("logger", KNOWN_NOTICES)
+def test_only_the_known_library_notices_are_silenced(logger: str) -> None:
+    """flux_cluster.models.quiet drops each known import-time notice, and nothing else from its logger:
+    another warning, or the same text as an error, still reaches the console."""
+    import flux_cluster.models.quiet  # noqa: F401
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger(logger)
+    log.addHandler(handler)
+    try:
+        log.warning(KNOWN_NOTICES[logger])
+        log.warning("Failed to load the weights: a notice of another kind")
+        log.error(KNOWN_NOTICES[logger])
+    finally:
+        log.removeHandler(handler)
+    assert [(r.levelname, r.getMessage()[:20]) for r in records] == [
+        ("WARNING", "Failed to load the w"),
+        ("ERROR", KNOWN_NOTICES[logger][:20]),
+    ]
+
+
+def test_models_tiny_prints_only_its_own_line(tmp_path: Path) -> None:
+    """In a fresh process, as a user runs it: the libraries' notices are logged on import, before any
+    command code runs, so this is the only place they can be seen."""
+    result = subprocess.run(
+        [sys.executable, "-m", "flux_cluster", "models", "tiny", str(tmp_path / "tiny")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and result.stdout.startswith("wrote a tiny random-init FLUX.1-schnell")
 
 
 @pytest.fixture(scope="module")

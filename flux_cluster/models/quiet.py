@@ -1,20 +1,45 @@
 """Loading and saving diffusers/transformers models without their console chatter: per-file progress
-bars, and (while a load may still fail) transformers' log lines. Import only where torch is wanted."""
+bars, the libraries' known import-time notices, and (while a load may still fail) transformers' log
+lines. Import this module before diffusers, transformers, peft or torchao (it imports only logging): the
+notices are logged while those are imported. Import only where torch is wanted."""
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# Importing diffusers imports torchao when it is installed (fp8 training needs it); on machines without
-# its GPU kernels torchao and torch log a warning per kernel library and enum, which say nothing to a user;
-# bitsandbytes (imported by peft) warns on CPUs with AVX512-BF16 that an optional 4-bit kernel is missing.
-for _name in (
-    "torchao",
-    "torch.utils._pytree",
-    "diffusers.quantizers.torchao.torchao_quantizer",
-    "bitsandbytes.backends.cpu.ops",
-):
-    logging.getLogger(_name).setLevel(logging.ERROR)
+KNOWN_NOTICES: dict[str, re.Pattern[str]] = {
+    # Importing diffusers imports torchao when it is installed (fp8 training needs it); on machines
+    # without its GPU kernels it cannot load them, and registers enums torch no longer needs registered.
+    "torchao": re.compile(r"Failed to load \S*torchao\S*_C\w*\.\S*\.so: "),
+    "torch.utils._pytree": re.compile(r"<enum '\w+'> is an Enum subclass and is now natively supported "),
+    "diffusers.quantizers.torchao.torchao_quantizer": re.compile(
+        r"Unable to import `torchao` Tensor objects"
+    ),
+    # bitsandbytes (imported by peft), on CPUs with AVX512-BF16: an optional 4-bit kernel is missing.
+    "bitsandbytes.backends.cpu.ops": re.compile(
+        r"Failed to load CPU gemm_4bit_forward from kernels-community"
+    ),
+    # transformers without torchvision, when diffusers imports the (unused) CLIP/SigLIP image processors.
+    "transformers.utils.import_utils": re.compile(
+        r"`\w+ImageProcessor` requires torchvision \(not installed\); falling back to `\w+ImageProcessorPil`"
+    ),
+}
+"""Logger name -> the one notice dropped from it; which say nothing to a user and need nothing of them.
+Any other record of these loggers, a warning or an error, still reaches the console."""
+
+
+class _DropKnownNotice(logging.Filter):
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not self.pattern.match(record.getMessage())
+
+
+for _name, _pattern in KNOWN_NOTICES.items():
+    logging.getLogger(_name).addFilter(_DropKnownNotice(_pattern))
 
 
 @contextmanager

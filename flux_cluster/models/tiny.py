@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
+import flux_cluster.models.quiet  # noqa: F401  (before diffusers: their import-time notices go)
 from flux_cluster.atomic import _default_mode
 from flux_cluster.errors import FluxClusterError, write_error
 

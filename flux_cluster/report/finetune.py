@@ -1,11 +1,18 @@
 """A fine-tuning run's metrics_<i>.jsonl, streamed once, into the figures its log does not give.
 
 The training loop writes a header line (model FLOPs per sample, world size), a line per step, a line per
-evaluation ({"step", "samples", "eval_loss", "epoch"}) and, when the run ends, a summary line
-({"summary": {...}}). A run killed early has no summary: its figures then come from the evaluation and
-step lines, else from the log. The file comes from an untrusted folder: it is read in bounded chunks
-(harvest's reader, lines over MAX_LINE_BYTES skipped), and every oddity is one warning line naming the
-file, never an exception.
+evaluation ({"step", "samples", "eval_loss", "epoch", "train_seconds"}) and, when the run ends, a summary
+line ({"summary": {...}}). A run killed early has no summary: its figures then come from the evaluation
+and step lines, else from the log.
+
+The summary covers the whole run: a run stopped and resumed carries its training time in its checkpoints,
+so its summary's train_seconds and images/s count every attempt (summary.attempts), while its result log
+(run_start to run_stop) has the last attempt only (the earlier ones' are in results/interrupted/). A
+resumed run's minutes, which the report's GPU-hours and cost come from, are therefore its summary's
+train_seconds.
+
+The file comes from an untrusted folder: it is read in bounded chunks (harvest's reader, lines over
+MAX_LINE_BYTES skipped), and every oddity is one warning line naming the file, never an exception.
 """
 
 import json
@@ -54,6 +61,7 @@ def read_fine_tuning(log: Path, run: RunResult) -> FineTuningRun:
     if result.metrics_file and not summary:
         run.warnings.append(f"{metrics}: no summary line (interrupted run?): figures from its other lines")
     _take_summary(summary, result, run, metrics)
+    _whole_run_minutes(summary, result, run, metrics)
     _fall_back(result, run, curve, last_step)
     return result
 
@@ -127,6 +135,16 @@ def _take_summary(summary: dict[str, Any], result: FineTuningRun, run: RunResult
             run.warnings.append(f"{path}: summary.{key}: got {reprlib.repr(value)}, expected {expected}")
         else:
             setattr(result, key, good)
+
+
+def _whole_run_minutes(summary: dict[str, Any], result: FineTuningRun, run: RunResult, path: Path) -> None:
+    """A resumed run's minutes: its summary's train_seconds, every attempt's (its log has the last one's)."""
+    attempts = whole_number(summary.get("attempts"), 1)
+    if "attempts" in summary and attempts is None:
+        got = reprlib.repr(summary["attempts"])
+        run.warnings.append(f"{path}: summary.attempts: got {got}, expected a whole number >= 1")
+    elif attempts is not None and attempts > 1 and result.train_seconds is not None:
+        run.minutes = result.train_seconds / 60
 
 
 def _fall_back(

@@ -16,7 +16,7 @@ import math
 import resource
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -80,6 +80,32 @@ class JobContext:
     def metrics_file(self) -> Path:
         return self.run_dir / "results" / f"metrics_{self.exp_index}.jsonl"
 
+    @property
+    def tuning(self) -> bool:
+        """Fine-tuning (train.mode lora or finetune): keeps the best weights (results/best_<i>/) and ends
+        with a summary of the figures the fine-tuning benchmarks report."""
+        return self.plan.train.mode != "pretrain"
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """How long a run has trained, over all its attempts: each checkpoint carries it, so a resumed run's
+    time, throughput, GPU-hours and cost cover the whole run (up to the checkpoint it resumed from)."""
+
+    train_seconds: float = 0.0
+    """Wall time of the training loop (from run_start), evaluations and checkpoints included."""
+    timed_seconds: float = 0.0
+    """Time of the training steps alone (no evaluation): what images/s and the step time come from."""
+    timed_steps: int = 0
+    """The optimizer steps timed_seconds covers."""
+
+    def __add__(self, other: "RunClock") -> "RunClock":
+        return RunClock(
+            self.train_seconds + other.train_seconds,
+            self.timed_seconds + other.timed_seconds,
+            self.timed_steps + other.timed_steps,
+        )
+
 
 @dataclass
 class Progress:
@@ -93,6 +119,8 @@ class Progress:
     """How many times this repeat was started (0: the first)."""
     best: tuple[int, float] | None = None
     """Fine-tuning: (step, validation loss) of the weights saved as best so far."""
+    clock: RunClock = field(default_factory=RunClock)
+    """The earlier attempts' training time, as of the checkpoint resumed from."""
 
 
 @dataclass(frozen=True)
@@ -107,15 +135,19 @@ class Schedule:
 
     @classmethod
     def of(cls, plan: TrainingPlan, train_samples: int | None) -> "Schedule":
-        cfg = plan.train
+        cfg, gbs = plan.train, plan.global_batch_size
         if not plan.fine_tuning:
             assert cfg.max_samples is not None and cfg.eval_every_steps is not None
-            return cls(
-                cfg.eval_every_steps, None, math.ceil(cfg.max_samples / cfg.global_batch_size), cfg.target
-            )
+            return cls(cfg.eval_every_steps, None, math.ceil(cfg.max_samples / gbs), cfg.target)
         if not train_samples:
             raise SystemExit("error: the dataset has no train samples (.nv-meta/.info.json); encode it again")
-        per_epoch = max(1, train_samples // cfg.global_batch_size)
+        if train_samples < gbs:
+            raise SystemExit(
+                f"error: the train split has {train_samples} samples, fewer than one global batch ({gbs}): "
+                f"set train.global_batch_size to at most {train_samples} (a multiple of micro-batch x ranks, "
+                f"{cfg.micro_batch_size * plan.world_size})"
+            )
+        per_epoch = train_samples // gbs
         return cls(cfg.eval_every_steps, per_epoch, per_epoch * plan.epochs, cfg.target)
 
     def evaluates_after(self, step: int) -> bool:
@@ -186,6 +218,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             [tuple(e) for e in shared["evals"]],
             shared["attempt"] + 1,
             (int(best[0]), float(best[1])) if best else None,
+            RunClock(**shared.get("clock", {})),  # checkpoints from before the clock have none
         )
         generator.set_state(mine["generator"])
         torch.set_rng_state(mine["torch_rng"])
@@ -198,18 +231,19 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     facts = measure_facts(
         ctx.system, plan, info, dtype, model_args, image_tokens, text_tokens, ctx.config_filename
     )
-    meter = _Meter(ctx, info, facts.flops_per_sample, facts.peak.tflops, facts.kernel)
+    meter = _Meter(ctx, info, facts.flops_per_sample, facts.peak.tflops, facts.kernel, progress.clock)
     tensorboard = _tensorboard(ctx) if rank0 and cfg.tensorboard else None
     _say(
         rank0,
         f"{plan.train.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
         f"{len(params)} trainable tensors), {info.world_size} ranks "
-        f"({plan.dp_replicate} x {plan.dp_shard} HSDP), global batch {cfg.global_batch_size} = "
+        f"({plan.dp_replicate} x {plan.dp_shard} HSDP), global batch {plan.global_batch_size} = "
         f"{cfg.micro_batch_size} x {info.world_size} x {plan.grad_accum_steps}, "
         f"{cfg.optimizer} lr {plan.learning_rate:g}, warmup {warmup}, {_eval_policy(schedule)}",
     )
     mllog.end(c.INIT_STOP)
     mllog.start(c.RUN_START)
+    meter.start()  # this attempt's training time runs from run_start, as the log's run time
 
     # ---- train, in blocks between evaluations
     batches = iter(loader)
@@ -219,18 +253,20 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     finished = "success" if plan.fine_tuning else "aborted"  # what reaching max_steps means
     status = None if progress.step < schedule.max_steps else finished  # resumed after the last step
     in_block = False
-    tuning = cfg.mode != "pretrain"  # keeps the best weights (results/best_<i>/) and reports a summary
-    started = time.perf_counter()
+    tuning = ctx.tuning
     while status is None:
         if not in_block:  # also right after a resume in the middle of a block
-            block_samples = schedule.block_steps(progress.step) * cfg.global_batch_size
+            block_samples = schedule.block_steps(progress.step) * plan.global_batch_size
             mllog.start(c.BLOCK_START, metadata={"samples_count": block_samples, "step": progress.step})
             in_block = True
         loss, grad_norm, data_wait = train_step(trainer, batches, generator, plan, info)
         scheduler.step()
         progress.step += 1
-        progress.samples += cfg.global_batch_size
-        meter.record(progress, loss, grad_norm, data_wait, scheduler.get_last_lr()[0], tensorboard)
+        progress.samples += plan.global_batch_size
+        # Fine-tuning: a progress line before every evaluation too (an epoch can be shorter than
+        # log_every_steps), so each epoch's throughput, time and cost are shown.
+        line = tuning and schedule.evaluates_after(progress.step)
+        meter.record(progress, loss, grad_norm, data_wait, scheduler.get_last_lr()[0], tensorboard, line)
 
         if schedule.evaluates_after(progress.step):
             mllog.end(c.BLOCK_STOP, metadata={"samples_count": block_samples, "step": progress.step})
@@ -253,7 +289,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         if agreed.requested:
             meter.flush()
             stop_poll.close()
-            _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
+            _save(checkpoints, progress, meter.clock(), model, optimizer, scheduler, generator, loader)
             mllog.run_stop(success=False, samples=progress.samples)
             mllog.close()
             _say(
@@ -265,7 +301,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             (every_steps and progress.step % every_steps == 0) or agreed.period > saved_period
         ):
             saved_period = agreed.period
-            _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
+            _save(checkpoints, progress, meter.clock(), model, optimizer, scheduler, generator, loader)
 
     # ---- finish
     meter.flush()
@@ -275,8 +311,8 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     if tuning:  # the last state, to resume from or train further (the best weights are saved already)
         latest = checkpoints.latest()
         if latest is None or step_of(latest) != progress.step:
-            _save(checkpoints, progress, model, optimizer, scheduler, generator, loader)
-        meter.summary(progress, schedule, time.perf_counter() - started, cfg.optimizer)
+            _save(checkpoints, progress, meter.clock(), model, optimizer, scheduler, generator, loader)
+        meter.summary(progress, schedule, cfg.optimizer, tensorboard)
     del lock
     if tensorboard is not None:
         tensorboard.close()
@@ -474,6 +510,7 @@ def _evaluate(
 def _save(
     checkpoints: Checkpointer,
     progress: Progress,
+    clock: RunClock,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -485,6 +522,7 @@ def _save(
         "evals": progress.evals,
         "attempt": progress.attempt,
         "best": progress.best,
+        "clock": asdict(clock),
         "scheduler": scheduler.state_dict(),
     }
     mine = {
@@ -577,7 +615,7 @@ def _run_facts(ctx: JobContext, train_samples: int | None) -> RunFacts:
     return RunFacts(
         submission_org=system.mlperf.submission_org,
         submission_platform=system.name,
-        global_batch_size=cfg.global_batch_size,
+        global_batch_size=ctx.plan.global_batch_size,
         micro_batch_size=cfg.micro_batch_size,
         learning_rate=ctx.plan.learning_rate,
         warmup_steps=ctx.plan.warmup_steps,
@@ -679,7 +717,8 @@ def _tensorboard(ctx: JobContext) -> Any:
 
 
 class _Meter:
-    """Progress lines every log_every_steps (rank 0), TensorBoard scalars and the metrics file."""
+    """Progress lines every log_every_steps (rank 0), TensorBoard scalars and the metrics file; the run's
+    clock (training time, timed steps), carried over from the attempts before a resume."""
 
     def __init__(
         self,
@@ -688,11 +727,14 @@ class _Meter:
         flops_per_sample: float,
         measured_peak_tflops: float,
         attention_kernel: str,
+        carried: RunClock,
     ) -> None:
         self.ctx, self.info, self.flops_per_sample = ctx, info, flops_per_sample
         self.peak_tflops = ctx.system.peak_bf16_tflops
         self.measured_peak_tflops = measured_peak_tflops
-        self.window_start = time.perf_counter()
+        self.carried = carried
+        """The earlier attempts' clock, from the checkpoint resumed from."""
+        self.started = self.window_start = time.perf_counter()
         self.window_paused_s = 0.0
         """Time inside the window spent evaluating: not training throughput."""
         self.timed_s, self.timed_steps = 0.0, 0
@@ -700,6 +742,8 @@ class _Meter:
         self.window_steps = 0
         self.window_data_wait = 0.0
         self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
+        self.warmed_up = False
+        """An attempt's first step (compilation, allocator and kernel warm-up) is not throughput."""
         self.pending: list[tuple[int, int, torch.Tensor, torch.Tensor, float, float]] = []
         self.last_grad_norm = math.nan
         if info.rank == 0:
@@ -720,6 +764,34 @@ class _Meter:
             with self.ctx.metrics_file.open("a") as out:
                 out.write(json.dumps(record) + "\n")
 
+    def start(self) -> None:
+        """At run_start: this attempt's clock and its first throughput window start now."""
+        self.started = self.window_start = time.perf_counter()
+
+    def train_seconds(self) -> float:
+        """The whole run's training time so far, earlier attempts included."""
+        return self.carried.train_seconds + time.perf_counter() - self.started
+
+    def clock(self) -> RunClock:
+        """The whole run's clock now (what a checkpoint carries), the open throughput window included."""
+        window = self._window_seconds() if self.window_steps else 0.0
+        return self.carried + RunClock(
+            time.perf_counter() - self.started, self.timed_s + window, self.timed_steps + self.window_steps
+        )
+
+    def cost(self, seconds: float) -> tuple[float, float | None]:
+        """(GPU-hours, USD) of training for seconds on every rank; USD None without the system's price."""
+        gpu_hours = seconds / 3600 * self.info.world_size
+        price = self.ctx.system.price_per_gpu_hour
+        return gpu_hours, gpu_hours * price if price else None
+
+    def _time_and_cost(self, seconds: float) -> tuple[str, list[tuple[str, float]]]:
+        """The run's time, GPU-hours and cost so far, as progress-line text and TensorBoard scalars."""
+        gpu_hours, usd = self.cost(seconds)
+        text = f"{seconds:,.1f} s, {gpu_hours:.3g} GPU-h" + (f", ${usd:,.2f}" if usd is not None else "")
+        scalars = [("time/train_seconds", seconds), ("time/gpu_hours", gpu_hours)]
+        return text, scalars + ([("time/cost_usd", usd)] if usd is not None else [])
+
     def record(
         self,
         progress: Progress,
@@ -728,17 +800,25 @@ class _Meter:
         data_wait: float,
         lr: float,
         tb: Any,
+        line: bool = False,
     ) -> None:
-        self.window_steps += 1
-        self.window_loss += loss.double()
-        self.window_data_wait += data_wait
+        """One step; a progress line every log_every_steps, and when line is set. The first step of an
+        attempt is recorded but not timed: the throughput window starts after it."""
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()  # may be Partial; at most a collective, no host sync
         # Kept on the device until the next progress line: reading them now would wait for the GPU.
         self.pending.append(
             (progress.step, progress.samples, loss.detach(), grad_norm.detach(), lr, data_wait)
         )
-        if progress.step % self.ctx.plan.train.log_every_steps:
+        if not self.warmed_up:
+            self.warmed_up = True
+            self._window_seconds()  # waits for the step's GPU work
+            self._new_window()
+            return
+        self.window_steps += 1
+        self.window_loss += loss.double()
+        self.window_data_wait += data_wait
+        if progress.step % self.ctx.plan.train.log_every_steps and not line:
             return
         self.flush()
         grad_norm = self.last_grad_norm
@@ -747,24 +827,27 @@ class _Meter:
         mean_loss = mean_loss.item() / self.window_steps / self.info.world_size
         elapsed = self._window_seconds()
         step_time = elapsed / self.window_steps
-        samples_per_s = self.ctx.plan.train.global_batch_size / step_time
+        samples_per_s = self.ctx.plan.global_batch_size / step_time
         tflops = self.flops_per_sample * samples_per_s / self.info.world_size / 1e12
         mfu = tflops / self.peak_tflops if self.peak_tflops else math.nan
         mfu_measured = tflops / self.measured_peak_tflops if self.measured_peak_tflops else math.nan
         data_wait_ms = self.window_data_wait / self.window_steps * 1000
         memory = _peak_memory_gb(self.info.device)
+        so_far, time_scalars = self._time_and_cost(self.train_seconds())
         if self.info.rank == 0:
+            unit = "images/s" if self.ctx.tuning else "samples/s"  # a fine-tuning sample is one image
             print(
                 f"step {progress.step:>6} | samples {progress.samples:>11,} | loss {mean_loss:.4f} | "
-                f"{samples_per_s:8.1f} samples/s | step {step_time * 1000:7.1f} ms | "
+                f"{samples_per_s:8.1f} {unit} | step {step_time * 1000:7.1f} ms | "
                 f"data wait {data_wait_ms:6.1f} ms | {tflops:7.2f} TFLOP/s/GPU | MFU {mfu:6.1%} "
-                f"({mfu_measured:.1%} of measured peak) | lr {lr:.3g} | peak mem {memory:.2f} GB",
+                f"({mfu_measured:.1%} of measured peak) | lr {lr:.3g} | peak mem {memory:.2f} GB | {so_far}",
                 flush=True,
             )
         if tb is not None:
             for name, value in (
                 ("train/loss", mean_loss),
                 ("train/samples_per_s", samples_per_s),
+                ("train/step_time_ms", step_time * 1000),
                 ("train/tflops_per_gpu", tflops),
                 ("train/mfu", mfu),
                 ("train/mfu_measured_peak", mfu_measured),
@@ -772,10 +855,14 @@ class _Meter:
                 ("train/lr", lr),
                 ("train/grad_norm", grad_norm),
                 ("train/peak_memory_gb", memory),
+                *time_scalars,
             ):
                 tb.add_scalar(name, value, progress.samples)
         self.timed_s += elapsed
         self.timed_steps += self.window_steps
+        self._new_window()
+
+    def _new_window(self) -> None:
         self.window_start, self.window_steps, self.window_data_wait = time.perf_counter(), 0, 0.0
         self.window_paused_s = 0.0
         self.window_loss.zero_()
@@ -815,7 +902,13 @@ class _Meter:
     def record_eval(self, progress: Progress, loss: float, epoch: float | None, tb: Any) -> None:
         self.window_paused_s += time.perf_counter() - self.paused_at
         self.flush()
-        record: dict[str, Any] = {"step": progress.step, "samples": progress.samples, "eval_loss": loss}
+        seconds = self.train_seconds()
+        record: dict[str, Any] = {
+            "step": progress.step,
+            "samples": progress.samples,
+            "eval_loss": loss,
+            "train_seconds": seconds,
+        }
         shown = ""
         if epoch is not None:
             record["epoch"] = round(epoch, 4)
@@ -824,23 +917,24 @@ class _Meter:
         if self.info.rank == 0:
             print(
                 f"eval  {progress.step:>6} | samples {progress.samples:>11,}{shown} | "
-                f"validation loss {loss:.4f}",
+                f"validation loss {loss:.4f} | {seconds:,.1f} s",
                 flush=True,
             )
         if tb is not None:
             tb.add_scalar("eval/loss", loss, progress.samples)
+            if epoch is not None and epoch.is_integer():  # the per-epoch curve, by epoch
+                tb.add_scalar("eval/loss_per_epoch", loss, int(epoch))
             tb.flush()
 
-    def summary(self, progress: Progress, schedule: "Schedule", wall_s: float, optimizer: str) -> None:
-        """Fine-tuning: the figures the fine-tuning benchmarks report, as the metrics file's last record and
-        one line. Throughput counts this attempt's training steps only (no evaluation, no set-up)."""
-        if self.window_steps:
-            self.timed_s += self._window_seconds()
-            self.timed_steps += self.window_steps
-            self.window_steps = 0
-        gbs = self.ctx.plan.train.global_batch_size
-        images_per_s = self.timed_steps * gbs / self.timed_s if self.timed_s else math.nan
-        step_ms = self.timed_s / self.timed_steps * 1000 if self.timed_steps else math.nan
+    def summary(self, progress: Progress, schedule: "Schedule", optimizer: str, tb: Any) -> None:
+        """Fine-tuning: the figures the fine-tuning benchmarks report, as the metrics file's last record,
+        TensorBoard's summary/ scalars and one line. Whole-run figures: a resumed run's earlier attempts
+        count (their clock came with the checkpoint). Throughput counts training steps only (no
+        evaluation, no set-up)."""
+        clock = self.clock()
+        gbs = self.ctx.plan.global_batch_size
+        images_per_s = clock.timed_steps * gbs / clock.timed_seconds if clock.timed_seconds else math.nan
+        step_ms = clock.timed_seconds / clock.timed_steps * 1000 if clock.timed_steps else math.nan
         # on the device: NCCL reduces CUDA tensors only
         memory = torch.tensor(
             [_peak_memory_gb(self.info.device)], dtype=torch.float64, device=self.info.device
@@ -848,10 +942,18 @@ class _Meter:
         dist.all_reduce(memory, op=dist.ReduceOp.MAX)
         evals = progress.evals or []
         best_step, best_loss = progress.best or (0, math.nan)
+        wall_s = clock.train_seconds
+        gpu_hours, usd = self.cost(wall_s)
+        price = self.ctx.system.price_per_gpu_hour
         summary = {
             "images_per_s": images_per_s,
             "step_time_ms": step_ms,
+            "timed_steps": clock.timed_steps,  # what those two are measured over, every attempt's
             "train_seconds": wall_s,
+            "gpu_hours": gpu_hours,
+            "price_per_gpu_hour": price or None,
+            "cost_usd": usd,
+            "attempts": progress.attempt + 1,
             "epochs": round(schedule.epoch(progress.step) or 0, 4),
             "steps": progress.step,
             "samples": progress.samples,
@@ -863,16 +965,21 @@ class _Meter:
             "optimizer": optimizer,
         }
         self._write({"summary": summary})
-        price = self.ctx.system.price_per_gpu_hour
-        gpu_hours = wall_s / 3600 * self.info.world_size
-        cost = f", ${gpu_hours * price:,.2f} at ${price:g}/GPU-hour" if price else ""
-        _say(
-            self.info.rank == 0,
-            f"fine-tuned {summary['epochs']:g} epochs in {wall_s:,.1f} s: {images_per_s:,.1f} images/s, "
-            f"step {step_ms:,.1f} ms, best validation loss {best_loss:.4f} (step {best_step}), final "
-            f"{summary['final_eval_loss']:.4f}, peak memory {summary['peak_memory_gb']:.2f} GB, "
-            f"{gpu_hours:.4g} GPU-hours{cost}",
+        cost = f", ${usd:,.2f} at ${price:g}/GPU-hour" if usd is not None else ""
+        attempts = f" ({progress.attempt + 1} attempts)" if progress.attempt else ""
+        line = (
+            f"fine-tuned {summary['epochs']:g} epochs in {wall_s:,.1f} s{attempts}: {images_per_s:,.1f} "
+            f"images/s, step {step_ms:,.1f} ms, best validation loss {best_loss:.4f} (step {best_step}), "
+            f"final {summary['final_eval_loss']:.4f}, peak memory {summary['peak_memory_gb']:.2f} GB, "
+            f"{gpu_hours:.4g} GPU-hours{cost}"
         )
+        _say(self.info.rank == 0, line)
+        if tb is not None:
+            for name, value in summary.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    tb.add_scalar(f"summary/{name}", value, progress.samples)
+            tb.add_text("summary", line, progress.samples)
+            tb.flush()
 
 
 def _peak_memory_gb(device: torch.device) -> float:
