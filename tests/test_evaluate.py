@@ -4,6 +4,9 @@ one line, and the Slurm job (rendered with --dry-run, then its module run here).
 tiny pipeline at 64 px, 2 steps."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from typer.testing import CliRunner
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate import ARGS_FILE
-from flux_cluster.evaluate.clip import ClipScorer, find_clip
+from flux_cluster.evaluate.clip import ClipScorer, clip_mount, find_clip
 from flux_cluster.evaluate.latency import measure_latency, percentile
 from flux_cluster.training import model as M
 
@@ -51,23 +54,143 @@ def test_latency_percentiles_of_known_sleeps() -> None:
     assert (percentile(sleeps, 50), percentile(sleeps, 90)) == pytest.approx((0.065, 0.109))
 
 
-def test_clip_score_is_the_direct_computation(tiny_pipeline: Path) -> None:
-    assert find_clip(tiny_pipeline, None) == tiny_pipeline / "clip"
-    scorer = ClipScorer.load(tiny_pipeline / "clip", tiny_pipeline, torch.device("cpu"))
+CLIP_REPO = "openai/clip-vit-large-patch14"  # what a real FLUX text_encoder/config.json names
+
+
+def _clip_inputs() -> tuple[list[Image.Image], list[str]]:
+    """Images and prompts whose cosines under the tiny CLIP have both signs (checked below)."""
     gradient = Image.linear_gradient("L").resize((64, 64)).convert("RGB")
-    images = [Image.new("RGB", (64, 64), "red"), Image.new("RGB", (48, 80), "blue"), gradient]
-    prompts = ["a red square", "a blue square", "a grey gradient " * 30]  # the last one past 77 tokens
-    # torchmetrics' CLIPScore steps, written out: normalised projections, 100 * cosine, >= 0, mean
-    model, processor = scorer.model, scorer.processor
-    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
-    tokens = processor.tokenizer(prompts, padding=True, truncation=True, max_length=77, return_tensors="pt")
-    with torch.no_grad():
-        image = model.visual_projection(model.vision_model(pixel_values=pixels).pooler_output)
-        text = model.text_projection(model.text_model(**tokens).pooler_output)
-    cosine = torch.nn.functional.cosine_similarity(image, text, dim=-1)
-    direct = float((100 * cosine).clamp(min=0).mean())
-    assert direct > 0
-    assert scorer.score(images, prompts) == pytest.approx(direct, rel=1e-5)
+    noise = Image.effect_noise((64, 64), 80).convert("RGB")
+    images = [Image.new("RGB", (64, 64), "red"), Image.new("RGB", (48, 80), "blue"), gradient, noise]
+    images.append(Image.new("RGB", (64, 64), "white"))
+    prompts = ["a red square", "a blue square", "a grey gradient " * 30, "static noise", "white"]
+    return images, prompts  # the third prompt is past CLIP's 77 tokens
+
+
+def _independent_clip_score(folder: Path, images: list[Image.Image], prompts: list[str]) -> float:
+    """CLIPScore written out with transformers alone, an image at a time: the model and its own processor
+    from folder, 100 * max(cosine, 0) per image, averaged."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    model = CLIPModel.from_pretrained(folder, local_files_only=True).eval()
+    processor = CLIPProcessor.from_pretrained(folder, local_files_only=True)
+    scores, cosines = [], []
+    for image, prompt in zip(images, prompts, strict=True):
+        pixels = processor(images=image, return_tensors="pt")
+        tokens = processor.tokenizer([prompt], truncation=True, max_length=77, return_tensors="pt")
+        with torch.no_grad():
+            image_features = model.get_image_features(**pixels).pooler_output[0]
+            text_features = model.get_text_features(**tokens).pooler_output[0]
+        cosine = float(torch.nn.functional.cosine_similarity(image_features, text_features, dim=0))
+        cosines.append(cosine)
+        scores.append(100 * max(cosine, 0.0))
+    assert min(cosines) < 0 < max(cosines)  # so clamping each image differs from clamping the mean
+    return sum(scores) / len(scores)
+
+
+def _pipeline_variant(tiny_pipeline: Path, folder: Path, replace: dict[str, Path | None]) -> Path:
+    """A pipeline folder linking the tiny pipeline's parts, with replace's parts swapped (None: left out)."""
+    folder.mkdir(parents=True)
+    for part in tiny_pipeline.iterdir():
+        if part.name not in replace:
+            (folder / part.name).symlink_to(part)
+    for name, source in replace.items():
+        if source is not None:
+            (folder / name).symlink_to(source)
+    return folder
+
+
+def test_clip_score_is_the_direct_computation(tiny_pipeline: Path, tmp_path: Path) -> None:
+    assert find_clip(tiny_pipeline, None) == tiny_pipeline / "clip"
+    images, prompts = _clip_inputs()
+    direct = _independent_clip_score(tiny_pipeline / "clip", images, prompts)
+    scorer = ClipScorer.load(tiny_pipeline / "clip", tiny_pipeline, torch.device("cpu"))
+    assert direct > 0 and scorer.score(images, prompts) == pytest.approx(direct, rel=1e-5)
+
+    # A pipeline whose text_encoder/ is a whole CLIPModel, its weights alone (no processor files): the
+    # processor is the pipeline's CLIP tokenizer with CLIP's standard image preprocessing at the model's
+    # size, which is what the model's own processor does.
+    whole = tmp_path / "whole-clip-text-encoder"
+    whole.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (whole / name).symlink_to(tiny_pipeline / "clip" / name)
+    pipeline = _pipeline_variant(tiny_pipeline, tmp_path / "pipeline", {"clip": None, "text_encoder": whole})
+    assert find_clip(pipeline, None) == pipeline / "text_encoder"
+    fallback = ClipScorer.load(pipeline / "text_encoder", pipeline, torch.device("cpu"))
+    assert fallback.processor.image_processor.crop_size == {"height": 32, "width": 32}
+    assert fallback.score(images, prompts) == pytest.approx(direct, rel=1e-5)
+
+
+def hub_cache_repo(cache: Path, repo: str, files: dict[str, Path], commit: str = "c" * 40) -> Path:
+    """repo in a Hugging Face hub cache, laid out as huggingface_hub downloads it: blobs named by their
+    sha256, the snapshot's files linking to them, refs/main naming the snapshot. Returns the snapshot."""
+    import hashlib
+    import os
+
+    storage = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = storage / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (storage / "blobs").mkdir(exist_ok=True)
+    for name, source in files.items():
+        data = source.read_bytes()
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    (storage / "refs").mkdir(exist_ok=True)
+    (storage / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+@pytest.fixture(scope="module")
+def flux_layout(tiny_pipeline: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The tiny pipeline as a real FLUX pipeline is laid out: no clip/, and a text_encoder/ that is CLIP's
+    text tower alone, its config naming openai/clip-vit-large-patch14; that model (the tiny CLIP, with
+    its processor) in a temporary Hugging Face cache. Returns (pipeline, cache, snapshot)."""
+    base = tmp_path_factory.mktemp("flux-layout")
+    text_encoder = base / "text_encoder"
+    text_encoder.mkdir()
+    config = json.loads((tiny_pipeline / "text_encoder" / "config.json").read_text())
+    (text_encoder / "config.json").write_text(json.dumps({**config, "_name_or_path": CLIP_REPO}))
+    (text_encoder / "model.safetensors").symlink_to(tiny_pipeline / "text_encoder" / "model.safetensors")
+    pipeline = _pipeline_variant(
+        tiny_pipeline, base / "FLUX.1-tiny", {"clip": None, "text_encoder": text_encoder}
+    )
+    clip = tiny_pipeline / "clip"
+    snapshot = hub_cache_repo(base / "hub", CLIP_REPO, {p.name: p for p in clip.iterdir()})
+    return pipeline, base / "hub", snapshot
+
+
+def test_the_default_clip_is_the_text_encoders_model_in_the_local_hugging_face_cache(
+    flux_layout: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    pipeline, cache, snapshot = flux_layout
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    assert find_clip(pipeline, None) == snapshot  # the same folder huggingface_hub gives for it
+    assert clip_mount(snapshot) == cache / "models--openai--clip-vit-large-patch14"  # with its blobs
+    assert clip_mount(pipeline / "clip") == pipeline / "clip"
+    from huggingface_hub import snapshot_download
+
+    assert Path(snapshot_download(CLIP_REPO, local_files_only=True)) == snapshot
+
+    empty = tmp_path / "empty-hub"
+    empty.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(empty))
+    with pytest.raises(FluxClusterError) as missing:
+        find_clip(pipeline, None)
+    message = str(missing.value)
+    assert "\n" not in message and message.startswith(f"{pipeline}: no CLIP vision weights (looked for clip/")
+    assert f"; {CLIP_REPO} in the Hugging Face cache {empty}: not there): pass --clip" in message
+    assert message.endswith("pass --clip PATH, a local CLIP folder such as a download of " + CLIP_REPO)
+
+    # The repository there, but only its config (a download that skipped the weights): not used.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "partial"))
+    hub_cache_repo(tmp_path / "partial", CLIP_REPO, {"config.json": snapshot / "config.json"})
+    with pytest.raises(
+        FluxClusterError, match=r"cache .*partial: there, but without the vision weights\): pass --clip"
+    ):
+        find_clip(pipeline, None)
 
 
 def _pipe(tiny_pipeline: Path):
@@ -137,6 +260,49 @@ def test_lora_loads_and_changes_the_output_and_a_misfit_is_one_line(
         )
 
 
+def write_transformer(tiny_pipeline: Path, folder: Path) -> Path:
+    """A fully fine-tuned transformer as the training run keeps it (save_pretrained): every weight moved."""
+    transformer = M.load_pretrained(tiny_pipeline / "transformer")
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in transformer.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    transformer.save_pretrained(folder)
+    return folder
+
+
+def test_a_fine_tuned_transformer_folder_loads_and_changes_the_output(
+    tiny_pipeline: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from flux_cluster.evaluate.run import _apply_weights
+    from flux_cluster.evaluate.target import resolve_target
+
+    folder = write_transformer(tiny_pipeline, tmp_path / "best_0")
+    target = resolve_target(folder, 0)
+    assert (target.weights, target.weights_kind, target.pipeline) == (folder, "transformer", None)
+    pipe = _pipe(tiny_pipeline)
+    base = _image(pipe)
+    _apply_weights(pipe, folder, "transformer", tiny_pipeline, torch.device("cpu"), torch.float32)
+    tuned = _image(pipe)
+    assert tuned.shape == base.shape and (tuned - base).abs().max() > 1e-3
+    saved = load_file(folder / "diffusion_pytorch_model.safetensors")
+    loaded = pipe.transformer.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(loaded[k], v) for k, v in saved.items())
+    # Another model's transformer (other widths): one line before anything is loaded.
+    config = json.loads((folder / "config.json").read_text())
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**config, "joint_attention_dim": 64}))
+    with pytest.raises(
+        FluxClusterError, match=r"other: the transformer does not fit the model .*joint_attention_dim"
+    ):
+        _apply_weights(
+            _pipe(tiny_pipeline), other, "transformer", tiny_pipeline, torch.device("cpu"), torch.float32
+        )
+
+
 @pytest.fixture(scope="module")
 def run_dir(tiny_pipeline: Path, lora: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fine-tuning run directory as the job leaves it: config.yaml, results/best_0/ with the LoRA, and
@@ -196,11 +362,22 @@ def test_evaluate_a_run_writes_the_contract_and_the_grid_via_its_slurm_job(
         "eval_0_grid.png",
     )
     assert "not a GPU" in document["meaningful_reason"] and "toy-sized" in document["meaningful_reason"]
-    assert document["latency"]["base"]["samples"] == 2 and document["latency"]["base"]["p50_s"] > 0
+    # --runs 2 per prompt, 2 prompts: 4 timed generations of each model
+    assert document["latency"]["base"]["samples"] == 4 == document["latency"]["tuned"]["samples"]
+    assert document["settings"]["runs"] == 2 and document["latency"]["base"]["p50_s"] > 0
     val = document["val_loss"]
     assert set(val) == {"base", "tuned"} and val["base"] > 0 and val["tuned"] != val["base"]
     with Image.open(run_dir / "results" / "eval_0_grid.png") as grid:
         assert grid.format == "PNG" and grid.width == 2 * 64 and grid.height > 2 * 64  # base | tuned, 2 rows
+
+    # The report reads what evaluate wrote (on a CPU, peak memory null) with no warning beyond NOT
+    # MEANINGFUL; this run has no result logs, so its evaluations form their system's group.
+    from flux_cluster.report.build import Options, build
+
+    (group,) = build([run_dir], Options(check=False))
+    assert group.system == "local_slurm" and [e.name for e in group.evals] == ["eval_0.json"]
+    assert group.warnings == [f"eval_0.json: figures NOT MEANINGFUL: {document['meaningful_reason']}"]
+    assert group.evals[0].tuned and group.evals[0].tuned.peak_memory_gb is None and group.val_loss_tuned
 
     # A second evaluation takes the next index; the first files stay as they were.
     from flux_cluster.evaluate.run import _write
@@ -211,6 +388,99 @@ def test_evaluate_a_run_writes_the_contract_and_the_grid_via_its_slurm_job(
     assert written == (run_dir / "results" / "eval_1.json", run_dir / "results" / "eval_1_grid.png")
     assert json.loads(written[0].read_text())["grid"] == "eval_1_grid.png"
     assert (run_dir / "results" / "eval_0.json").read_bytes() == first
+
+
+@pytest.fixture(scope="module")
+def evaluated(
+    flux_layout: tuple[Path, Path, Path], lora: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`flux-cluster evaluate` as a user runs it, in its own process: a LoRA file over a pipeline laid out
+    as a real FLUX one, whose CLIP comes from the Hugging Face cache HF_HUB_CACHE names; 3 prompts, 2
+    timed generations of each. Returns (the JSON it wrote, the process)."""
+    pipeline, cache, _snapshot = flux_layout
+    base = tmp_path_factory.mktemp("evaluated")
+    prompts = base / "prompts.txt"
+    prompts.write_text("a red fox\na lighthouse\nan astronaut\n")
+    output = base / "cpu-box" / "lora.json"
+    args = [str(lora), "--model", str(pipeline), "--prompts", str(prompts), *FAST, "--runs", "2"]
+    args += ["--system", "cpu_box", "--output", str(output)]
+    done = subprocess.run(
+        [sys.executable, "-m", "flux_cluster", "evaluate", *args],
+        env={**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return output, done
+
+
+def test_evaluate_times_each_prompt_runs_times_takes_clip_from_the_cache_and_is_quiet(
+    evaluated: tuple[Path, subprocess.CompletedProcess[str]], flux_layout: tuple[Path, Path, Path]
+) -> None:
+    output, done = evaluated
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 timed generations per prompt x 3 prompts per model" in done.stderr
+    # torchvision's image processor fallbacks and diffusers' note on a LoRA without text-encoder keys
+    for noise in ("torchvision", "ImageProcessorPil", "No LoRA keys", "Traceback"):
+        assert noise not in done.stderr + done.stdout, (noise, done.stderr[-3000:])
+    document = json.loads(output.read_text())
+    assert document["clip_score"]["clip_model"] == str(flux_layout[2])  # the cached snapshot
+    assert document["settings"]["runs"] == 2 and document["settings"]["prompts"] == 3
+    for side in ("base", "tuned"):
+        assert (
+            document["latency"][side]["samples"] == 6 and document["latency"][side]["peak_memory_gb"] is None
+        )
+    assert document["grid"] == "lora_grid.png"
+    with Image.open(output.with_name("lora_grid.png")) as grid:
+        assert grid.size == (2 * 64, 14 + 3 * (14 + 64))  # base | tuned, a row per prompt
+
+
+def test_evaluations_outside_a_run_reach_the_report_by_system_without_false_warnings(
+    evaluated: tuple[Path, subprocess.CompletedProcess[str]],
+    tiny_pipeline: Path,
+    cli: CliRunner,
+    workdir: Path,
+) -> None:
+    """The JSON the real command writes (on a CPU: peak memory null) is read without a warning beyond
+    NOT MEANINGFUL; each system's evaluations are a group of the side-by-side table."""
+    lora_json, done = evaluated
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The base model alone, the 8 built-in prompts once each (fewer runs than prompts): ./eval.json
+    base = ["evaluate", str(tiny_pipeline), *FAST, "--runs", "1", "--warmup", "0", "--system", "gpu_box"]
+    result = cli.invoke(app, base)
+    assert result.exit_code == 0, result.output
+    document = json.loads((workdir / "eval.json").read_text())
+    assert document["latency"]["base"]["samples"] == 8 and document["latency"]["tuned"] is None
+
+    result = cli.invoke(app, ["report", str(lora_json.parent), "eval.json", "--no-check", "-f", "json"])
+    assert result.exit_code == 0, result.output
+    groups = {g["system"]: g for g in json.loads(result.stdout)["groups"]}
+    assert set(groups) == {"cpu_box", "gpu_box"}
+    reason = "measured on cpu, not a GPU; a toy-sized transformer"
+    for system, name in (("cpu_box", "lora.json"), ("gpu_box", "eval.json")):
+        group = groups[system]
+        assert group["benchmark"] == "evaluate" and group["runs"] == [] and len(group["evals"]) == 1
+        (warning,) = group["warnings"]  # nothing but what the figures are
+        assert warning.startswith(f"{name}: figures NOT MEANINGFUL: {reason}"), group["warnings"]
+        (e,) = group["evals"]
+        assert e["base"]["p90_s"] > 0 and e["base"]["peak_memory_gb"] is None and e["grid"]
+    assert (
+        groups["cpu_box"]["evals"][0]["tuned"]["samples"] == 6
+        and groups["cpu_box"]["clip_score_tuned"] is not None
+    )
+    assert groups["gpu_box"]["inference_p50_s"] == groups["gpu_box"]["evals"][0]["base"]["p50_s"]
+
+    markdown = cli.invoke(
+        app, ["report", str(lora_json.parent), "eval.json", "--no-check", "-f", "md"]
+    ).stdout
+    side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
+    assert [row.split("|")[1:3] for row in side[2:]] == [
+        [" cpu_box ", " eval only "],
+        [" gpu_box ", " eval only "],
+    ]
+    page = cli.invoke(app, ["report", str(lora_json.parent), "eval.json", "--no-check", "-f", "html"]).stdout
+    assert page.count('<img src="data:image/png;base64,') == 2 and "the base model alone" in page
+    assert 'id="summary"' not in page  # no MLPerf groups here
 
 
 def test_bad_input_is_one_line(

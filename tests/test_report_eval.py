@@ -116,12 +116,117 @@ def test_eval_results_are_read_into_every_format(two_systems: tuple[Path, Path])
     out = io.StringIO()
     print_tables([ga, gb], Console(file=out, width=250), checked=False)
     assert "Evaluations: b" in out.getvalue() and "NO: tiny random-init" in out.getvalue()
+    side_table = out.getvalue().split("Fine-tuning, side by side")[1]
+    assert "final val loss" in side_table and "0.4700" in side_table  # a's runs end at 0.47
+    assert "CLIP base" in side_table
 
     page = render_html([ga, gb], checked=False)
     section = page.split('id="evaluations"')[1].split("<h2")[0]
     assert section.count('<img src="data:image/png;base64,') == 2  # a's and b's eval_0; b's eval_1 has none
     assert "eval_0.json: base vs fine-tuned images" in section and "NO: tiny random-init" in section
+    # every latency figure the README promises, for both models: p90, images/s and peak memory too
+    headers = section.split("<tr>", 2)[1].split("</tr>")[0]
+    for header in ("p90 s base", "p90 s tuned", "images/s base", "images/s tuned", "peak GB base"):
+        assert f'<th class="">{header}</th>' in headers, header
+    a_row = section.split('<td class="name">eval_0.json</td>')[1].split("</tr>")[0]
+    assert '<td class="">0.55</td>' in a_row and '<td class="">0.66</td>' in a_row  # p90 of 0.5, 0.6
+    assert '<td class="">30.5</td>' in a_row and '<td class="">2</td>' in a_row  # peak GB, 1/0.5 images/s
     assert "Inference p50 / CLIP" in page and 'aria-label="Environments side by side' in page
+
+
+def write_alone(path: Path, with_grid: bool = True, **changes: Any) -> Path:
+    """An evaluation outside a run, as `evaluate TARGET --output path` writes it: the base model alone
+    unless changes say otherwise, the grid beside it as <stem>_grid.png."""
+    base_only = {"weights": None, "weights_kind": None, "target": "/models/FLUX.1-schnell", "val_loss": None,
+                 "latency": {"base": _latency(0.5), "tuned": None},
+                 "clip_score": {"base": 30.0, "tuned": None, "clip_model": "x"}}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid = path.stem + "_grid.png"
+    path.write_text(
+        json.dumps(eval_document(**{**base_only, "grid": grid if with_grid else None, **changes}))
+    )
+    if with_grid:
+        png(path.with_name(grid))
+    return path
+
+
+def test_evaluations_outside_runs_are_found_and_grouped_by_system(tmp_path: Path, cli: CliRunner) -> None:
+    """evaluate's --output files (any name) in the folders given, or named themselves: a group per system
+    they record (a folder's for those without), beside the runs, compared on inference alone."""
+    root = tmp_path / "evals"
+    write_alone(root / "aws" / "base.json", system="aws_p5", device="NVIDIA H100 80GB HBM3")
+    write_alone(
+        root / "aws" / "later" / "eval.json",
+        system="aws_p5",
+        device="NVIDIA A100-SXM4-80GB",
+        latency={"base": _latency(0.7), "tuned": None},
+    )
+    gcp = {"latency": {"base": _latency(0.4), "tuned": None}, "clip_score": {"base": 33.0, "tuned": None}}
+    write_alone(root / "gcp" / "eval.json", system="gcp_a3_highgpu", **gcp)
+    write_alone(root / "nosys" / "eval.json", system=None, with_grid=False)
+    (root / "gcp" / "other.json").write_text('{"kind": "something else", "schema": 1}')  # not an evaluation
+    write_alone(root / "gcp" / ".hidden.json", system="gcp_a3_highgpu")  # hidden: not read
+    write_alone(root / "misnamed.json", system="aws_p5", grid="eval_0_grid.png")
+    png(root / "eval_0_grid.png")  # another evaluation's grid name: not taken
+    (root / "broken.json").write_text(json.dumps(eval_document(schema=2)))
+    run = fine_tuning_run(tmp_path / "ft")
+    write_eval(run)  # a run's evaluation: its group's, also when named on its own
+    paths = [root, run, run / "results" / "eval_0.json", root / "gcp" / "eval.json"]
+    groups = build(paths, Options(check=False, prices={"aws_p5": 6.0}))
+
+    assert [(g.system, g.benchmark) for g in groups] == [
+        ("ft", "finetune"), ("aws_p5", "evaluate"), ("gcp_a3_highgpu", "evaluate"), (None, "evaluate"),
+        (None, "evaluate"),
+    ]  # fmt: skip
+    ft, aws, gcp, loose, nosys = groups
+    assert [e.name for e in ft.evals] == ["eval_0.json"] and ft.fine_tuning
+    assert [e.name for e in aws.evals] == ["misnamed.json", "base.json", "eval.json"]  # folder by folder
+    assert aws.path == str(root) and aws.runs == [] and aws.accelerator_model is None  # H100 and an A100
+    assert aws.inference_p50_s == pytest.approx((0.5 + 0.7 + 0.5) / 3) and aws.clip_score_tuned is None
+    assert aws.price_per_gpu_hour == 6.0 and aws.cost_usd is None  # no run, no GPU-hours
+    assert aws.evals[1].grid_data_uri and aws.evals[0].grid is None
+    assert aws.warnings == [f"{root / 'misnamed.json'}: grid: got 'eval_0_grid.png', expected null or "
+                            "misnamed_grid.png (the grid beside the JSON)"]  # fmt: skip
+    assert [e.name for e in gcp.evals] == ["eval.json"] and gcp.clip_score_base == 33.0 and gcp.warnings == []
+    assert gcp.accelerator_model == "NVIDIA H100 80GB HBM3" and gcp.evals[0].grid_data_uri
+    assert loose.path == str(root) and loose.evals == []
+    assert loose.warnings == [f"{root / 'broken.json'}: schema: got 2, expected 1; skipped"]
+    assert nosys.path == str(root / "nosys") and [e.name for e in nosys.evals] == ["eval.json"]
+
+    markdown = render_markdown(groups)
+    assert "| system | benchmark |" not in markdown  # no MLPerf group, so no MLPerf table
+    side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in side] == [
+        ["| ft", "lora"],
+        ["| aws_p5", "eval only"],
+        ["| gcp_a3_highgpu", "eval only"],
+        ["| nosys", "eval only"],
+    ]  # fmt: skip (the broken file's group has no evaluation to compare)
+    out = io.StringIO()
+    print_tables(groups, Console(file=out, width=250), checked=False)
+    assert f"Evaluations: aws_p5 (evaluate): {root}" in out.getvalue()
+    page = render_html(groups, checked=False)
+    assert page.count('aria-label="Environments side by side') == 1 and "aws_p5 (inference)" in page
+    assert "not shown: aws_p5" not in page  # the training plots are about the run alone
+    assert "Inference p50 / p99" in page and "0.567 / 0.68 s" in page  # aws_p5's card
+
+    compared = cli.invoke(
+        app, ["report", "--compare", str(root / "aws"), str(root / "gcp"), "--no-check", "-f", "json"]
+    )
+    assert compared.exit_code == 0, compared.output
+    (pair,) = json.loads(compared.stdout)["comparison"]["pairs"]
+    ratios = {m["key"]: m["ratio"] for m in pair["metrics"]}
+    assert ratios["inference_p50_s"] == pytest.approx(0.4 / 0.6) and ratios["clip_score_base"] == 1.1
+    one = cli.invoke(
+        app, ["report", str(root / "gcp" / "eval.json"), "--price", "gcp_a3_highgpu=3", "-f", "csv"]
+    )
+    assert one.exit_code == 0 and "warning" not in one.output, one.output
+    (row,) = csv.DictReader(io.StringIO(one.stdout))
+    assert (
+        row["system"] == "gcp_a3_highgpu"
+        and float(row["inference_p50_s"]) == 0.4
+        and row["price_per_gpu_hour"] == "3.0"
+    )
 
 
 def _hostile(run: Path) -> dict[str, str]:
@@ -158,8 +263,8 @@ def _hostile(run: Path) -> dict[str, str]:
         "1p": f"{e / 'eval_1.json'}: latency.base.p50_s: got -1, expected a finite number >= 0",
         "1n": f"{e / 'eval_1.json'}: latency.base.samples: got 2.5, expected a whole number >= 1",
         "1t": f"{e / 'eval_1.json'}: latency.tuned: got 'fast', expected an object or null",
-        "1g": f"{e / 'eval_1.json'}: grid: got '../../x.png', expected null or a file name eval_<k>_grid.png "
-        "beside the JSON",
+        "1g": f"{e / 'eval_1.json'}: grid: got '../../x.png', expected null or eval_1_grid.png (the grid "
+        "beside the JSON)",
         "2": f"{e / 'eval_2.json'}: not readable JSON (over 1 MiB); skipped",
         "3": f"{e / 'eval_3.json'}: grid: eval_3_grid.png is not a PNG image; not shown",
         "4": f"{e / 'eval_4.json'}: grid: eval_4_grid.png is over 8 MiB; not shown",

@@ -5,8 +5,15 @@ Importing this package stays cheap (no torch): the CLI's --help imports it."""
 
 SCHEMA = 1
 KIND = "flux-cluster-eval"
+DEFAULT_RUNS = 12
+"""Timed generations per prompt (--runs), for each model: 96 with the 8 built-in prompts, enough for a p99."""
 ARGS_FILE = "evaluate.json"
 """In an evaluate job's run directory: the command line the job runs, every path absolute."""
+
+
+def grid_name(json_name: str) -> str:
+    """The sample grid's file name beside an evaluation's JSON (the report reads it from there only)."""
+    return json_name.removesuffix(".json") + "_grid.png"
 
 
 def first_line(exc: BaseException) -> str:

@@ -19,30 +19,87 @@ CLIP_FOLDER = "clip"
 """A CLIPModel + CLIPProcessor folder inside a pipeline folder (`flux-cluster models tiny` writes one)."""
 
 
-def _has_vision_tower(folder: Path) -> bool:
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+"""A CLIPModel's weights as transformers saves them (a link into a cache's blobs counts if it resolves)."""
+CLIP_ADVICE = "pass --clip PATH, a local CLIP folder such as a download of openai/clip-vit-large-patch14"
+
+
+def _config(folder: Path) -> dict[str, Any]:
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _has_vision_weights(folder: Path) -> bool:
+    """A whole CLIPModel: a config with a vision tower, and weights beside it."""
+    return isinstance(_config(folder).get("vision_config"), dict) and any(
+        (folder / name).is_file() for name in WEIGHT_FILES
+    )
 
 
 def find_clip(pipeline: Path, clip: Path | None) -> Path:
-    """--clip, else the pipeline's clip/ folder, else its text_encoder/ if that is a whole CLIPModel."""
+    """--clip; else the pipeline's clip/ folder; else its text_encoder/ if that is a whole CLIPModel; else
+    the model its text_encoder/ was made from (a real FLUX text_encoder/ is CLIP's text tower alone, its
+    config's _name_or_path naming openai/clip-vit-large-patch14): that folder, or that repository in the
+    local Hugging Face cache (HF_HUB_CACHE; nothing is downloaded), if it holds the vision weights."""
     if clip is not None:
-        if not _has_vision_tower(clip):
+        if not _has_vision_weights(clip):
             raise FluxClusterError(
-                f"--clip {clip}: no CLIPModel with a vision tower (config.json with vision_config): "
-                "expected a local CLIP folder such as a download of openai/clip-vit-large-patch14"
+                f"--clip {clip}: no CLIPModel with a vision tower (config.json with vision_config and its "
+                "weights): expected a local CLIP folder such as a download of openai/clip-vit-large-patch14"
             )
         return clip
     for folder in (pipeline / CLIP_FOLDER, pipeline / "text_encoder"):
-        if _has_vision_tower(folder):
+        if _has_vision_weights(folder):
             return folder
+    looked = [f"{CLIP_FOLDER}/", "text_encoder/ as a whole CLIPModel"]
+    source = _config(pipeline / "text_encoder").get("_name_or_path")
+    if isinstance(source, str) and source:
+        found, where = _named_clip(source)
+        if found is not None:
+            return found
+        looked.append(where)
+    else:
+        looked.append("the model text_encoder/config.json names in _name_or_path: none")
     raise FluxClusterError(
-        f"{pipeline}: no CLIP vision weights (neither {CLIP_FOLDER}/ nor a text_encoder/ with a vision "
-        "tower): pass --clip PATH, a local CLIP folder such as openai/clip-vit-large-patch14"
+        f"{pipeline}: no CLIP vision weights (looked for {'; '.join(looked)}): {CLIP_ADVICE}"
     )
+
+
+def _named_clip(source: str) -> tuple[Path | None, str]:
+    """The CLIP folder a text encoder's _name_or_path names, if it has the vision weights; else None and
+    what was looked for. A local folder as it is, else a Hugging Face repository in the local cache."""
+    folder = Path(source).expanduser()
+    if folder.is_dir():
+        return (folder, "") if _has_vision_weights(folder) else (None, f"{folder}: no vision weights there")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(source, "config.json")  # the snapshot of its main revision
+    except ValueError:  # not a repository id (huggingface_hub's HFValidationError)
+        return None, f"{source}, text_encoder/'s _name_or_path: neither a folder nor a repository id"
+    where = f"{source} in the Hugging Face cache {constants.HF_HUB_CACHE}"
+    if not isinstance(cached, str):
+        return None, f"{where}: not there"
+    snapshot = Path(cached).parent
+    if _has_vision_weights(snapshot):
+        return snapshot, ""
+    return None, f"{where}: there, but without the vision weights"
+
+
+def clip_mount(folder: Path) -> Path:
+    """What a container must see for a CLIP folder to load: the folder itself, or for a Hugging Face cache
+    snapshot (snapshots/<commit>/, its files links into ../../blobs/) the repository's cache folder."""
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent
+    return folder
 
 
 @dataclass

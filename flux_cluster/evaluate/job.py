@@ -12,7 +12,8 @@ from flux_cluster.evaluate import ARGS_FILE
 from flux_cluster.jobs import read_job_file
 
 JOB_MINUTES = 60
-"""Walltime added to the short-job budget: 2 x 100 generations of FLUX.1-dev at 28 steps take minutes."""
+"""Walltime added to the short-job budget: 2 x 96 generations (--runs 12 of the 8 built-in prompts) of
+FLUX.1-dev at 28 steps take minutes; a long prompt file at many --runs may need more."""
 
 
 def evaluate_job_system(system: SystemConfig, mounts: tuple[str, ...]) -> SystemConfig:

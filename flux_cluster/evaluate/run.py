@@ -3,16 +3,19 @@ over the same prompts and seeds, scored with CLIP and (for a run) on the run's v
 results as the JSON the report reads (results/eval_<k>.json) and a PNG grid of the samples."""
 
 import json
+import logging
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
 from flux_cluster.errors import FluxClusterError, write_error
-from flux_cluster.evaluate import KIND, SCHEMA, first_line
+from flux_cluster.evaluate import DEFAULT_RUNS, KIND, SCHEMA, first_line, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
 from flux_cluster.evaluate.grid import grid_png
 from flux_cluster.evaluate.latency import Latency, measure_latency
@@ -42,7 +45,8 @@ class EvalOptions:
     target: Path
     model: Path | None = None
     prompts: Path | None = None
-    runs: int = 100
+    runs: int = DEFAULT_RUNS
+    """Timed generations per prompt, for each model."""
     warmup: int = 2
     steps: int | None = None
     guidance: float | None = None
@@ -133,7 +137,8 @@ def evaluate(options: EvalOptions, log: Callable[[str], None] = print) -> EvalRe
     settings = _settings(pipe, options)
     log(
         f"evaluating {target.path} on {device.type}: {options.warmup} warm-up + {options.runs} timed "
-        f"generations per model, {settings.steps} steps, {settings.resolution}px, {len(prompts)} prompts"
+        f"generations per prompt x {len(prompts)} prompts per model, {settings.steps} steps, "
+        f"{settings.resolution}px"
     )
     base = _measure(pipe, prompts, settings, options, target, device, dtype)
     log(f"base: p50 {base.latency.p50_s:.3f} s, {base.latency.images_per_s:.2f} images/s")
@@ -224,8 +229,9 @@ def _measure(
     device: "torch.device",
     dtype: "torch.dtype",
 ) -> Measured:
-    """Prompt p always gets seed + p: base and tuned images of a prompt start from the same noise, and
-    every generation of it is the same image, which is scored and drawn."""
+    """options.runs timed generations of each prompt, the prompts in turn. Prompt p always gets seed + p:
+    base and tuned images of a prompt start from the same noise, and every generation of it is the same
+    image, which is scored and drawn."""
     import torch
 
     images: dict[int, Image] = {}
@@ -248,15 +254,12 @@ def _measure(
     cuda = device.type == "cuda"
     latency = measure_latency(
         generate,
-        runs=options.runs,
+        runs=options.runs * len(prompts),
         warmup=options.warmup,
         synchronize=(lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None),
         reset_peak_memory=(lambda: torch.cuda.reset_peak_memory_stats(device)) if cuda else (lambda: None),
         peak_memory_gb=(lambda: torch.cuda.max_memory_allocated(device) / 1e9) if cuda else (lambda: None),
     )
-    for p in range(len(prompts)):  # prompts the timed runs did not reach
-        if p not in images:
-            generate(p)
     val_loss = _val_loss(pipe.transformer, target, device, dtype) if target.data_root else None
     return Measured(latency, [images[p] for p in range(len(prompts))], val_loss)
 
@@ -295,7 +298,7 @@ def _apply_weights(
     if kind == "lora":
         _check_lora_fits(pipe.transformer, weights, pipeline)
         try:
-            with no_progress_bars(), held_transformers_logs():
+            with no_progress_bars(), held_transformers_logs(), _no_text_encoder_lora_notice():
                 pipe.load_lora_weights(weights.parent, weight_name=weights.name)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise FluxClusterError(
@@ -319,6 +322,28 @@ def _apply_weights(
             f"{weights}: cannot load it as a FLUX transformer ({first_line(exc)})"
         ) from None
     pipe.transformer = tuned.to(device)
+
+
+TEXT_ENCODER_LORA_NOTICE = re.compile(
+    r"No LoRA keys associated to CLIPTextModel found with the prefix='text_encoder'\. This is safe to ignore"
+)
+"""diffusers' notice for a LoRA of the transformer alone (as flux-cluster trains them): FLUX's CLIP text
+encoder gets none of it, which is as it should be."""
+
+
+@contextmanager
+def _no_text_encoder_lora_notice() -> Iterator[None]:
+    """TEXT_ENCODER_LORA_NOTICE dropped while a LoRA loads; any other record of that logger still shows."""
+    logger = logging.getLogger("diffusers.loaders.lora_base")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not TEXT_ENCODER_LORA_NOTICE.match(record.getMessage())
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _check_transformer_fits(base: "torch.nn.Module", weights: Path, pipeline: Path) -> None:
@@ -378,7 +403,7 @@ def output_paths(target: Target, output: Path | None) -> tuple[Path, Path]:
         json_path = (output or Path("eval.json")).absolute()
         if json_path.suffix != ".json" or json_path.is_dir():
             raise FluxClusterError(f"--output {output}: expected a file name ending in .json")
-    return json_path, json_path.with_name(json_path.stem + "_grid.png")
+    return json_path, json_path.with_name(grid_name(json_path.name))
 
 
 def _write(document: dict[str, Any], png: bytes, json_path: Path, grid_path: Path) -> tuple[Path, Path]:

@@ -1,16 +1,18 @@
-"""The whole harvest: groups found, logs streamed, compliance checked, groups scored."""
+"""The whole harvest: groups found, logs streamed, compliance checked, groups scored; evaluations outside
+a run grouped by the system they were measured on."""
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from flux_cluster.mlperf_rules import QUALITY_TARGET
 from flux_cluster.report.compliance import check_logs
-from flux_cluster.report.discover import DEFAULT_RULESET, GroupSource, find_groups
-from flux_cluster.report.evaluation import EvalResult, read_evals
+from flux_cluster.report.discover import DEFAULT_RULESET, GroupSource, find_inputs
+from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, read_eval, read_evals
 from flux_cluster.report.finetune import read_fine_tuning
 from flux_cluster.report.harvest import RunResult, harvest_run
-from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, score_group
+from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, _eval_figures, score_group
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,10 @@ class _Silent:
 
 
 def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -> list[GroupResult]:
-    """Every group under paths, scored."""
+    """Every group under paths, scored; then the evaluations outside a run, a group per system."""
     tracker = tracker or _Silent()
-    sources = find_groups(paths)
-    tracker.start(sum(len(s.files) for s in sources) * (2 if options.check else 1))
+    sources, eval_paths = find_inputs(paths)
+    tracker.start(sum(len(s.files) for s in sources) * (2 if options.check else 1) + len(eval_paths))
     runs: list[list[RunResult]] = []
     jobs: list[tuple[Path, str]] = []
     slots: list[RunResult] = []
@@ -90,7 +92,7 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
     for index, passed, messages in check_logs(jobs, lambda: tracker.advance("checking compliance")):
         slots[index].compliance = "passed" if passed else "failed"
         slots[index].compliance_messages = messages
-    return [
+    groups = [
         score_group(
             source,
             group_runs,
@@ -101,8 +103,51 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
         )
         for source, group_runs in zip(sources, runs, strict=True)
     ]
+    read = {os.path.realpath(e.file) for g in groups for e in g.evals}  # a run's, also named on its own
+    alone = [p for p in eval_paths if os.path.realpath(p) not in read]
+    return groups + evaluation_groups(alone, options, tracker)
 
 
 def _evals(source: GroupSource) -> list[EvalResult]:
     """A run directory's flux-cluster evaluate results; their problems become the group's warnings."""
     return read_evals(source.path, source.warnings) if source.run_dir else []
+
+
+def evaluation_groups(
+    paths: list[Path], options: Options, tracker: Tracker | None = None
+) -> list[GroupResult]:
+    """flux-cluster evaluate results outside a run (a LoRA file's, a pipeline's alone), one group per
+    system they record (evaluate --system), so environments compare on inference alone; a result that
+    records none goes with the others of its folder. Their problems become their group's warnings."""
+    tracker = tracker or _Silent()
+    by_key: dict[str, tuple[list[EvalResult], list[str], list[Path]]] = {}
+    for path in paths:
+        warnings: list[str] = []
+        result = read_eval(path, warnings)
+        tracker.advance(f"reading {path.name}")
+        system = result.system if result else None
+        key = f"system {system}" if system else f"folder {path.parent}"
+        evals, group_warnings, files = by_key.setdefault(key, ([], [], []))
+        evals += [result] if result else []
+        group_warnings += warnings
+        files.append(path)
+    groups = []
+    for evals, warnings, files in by_key.values():
+        system = evals[0].system if evals else None
+        devices = {e.device for e in evals if e.device}
+        group = GroupResult(
+            path=os.path.commonpath([str(f.parent) for f in files]),
+            benchmark=EVALUATIONS_ONLY,
+            system=system,
+            submitter=None,
+            accelerator_model=devices.pop() if len(devices) == 1 else None,
+            accelerators=None,
+            ruleset=None,
+            runs=[],
+            price_per_gpu_hour=options.prices.get(system or "", options.price),
+            warnings=warnings,
+        )
+        if evals:
+            _eval_figures(group, evals)
+        groups.append(group)
+    return sorted(groups, key=lambda g: (g.system is None, g.system or "", g.path))

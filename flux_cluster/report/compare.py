@@ -22,6 +22,8 @@ COMPARED = [
     ("cost USD", "cost_usd"),
     ("inference p50 s", "inference_p50_s"),
     ("inference p99 s", "inference_p99_s"),
+    ("inference images/s", "inference_images_per_s"),
+    ("CLIP score base", "clip_score_base"),
     ("CLIP score tuned", "clip_score_tuned"),
 ]
 

@@ -70,6 +70,7 @@ def check_log(path: Path, ruleset: str) -> tuple[bool, list[str]]:
         return False, [f"ruleset {ruleset!r} is not one of {', '.join(RULESETS)}"]
     from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 
+    quieted = logging.root.manager.disable
     logging.disable(logging.WARNING)  # the checker logs every message as a warning; we return them
     checker = mlp_compliance.make_checker(usage="training", ruleset=ruleset, quiet=True, werror=False)
     allowed = {f"training_{ruleset}/{name}" for name in os.listdir(_rules_dir(ruleset))}
@@ -98,6 +99,7 @@ def check_log(path: Path, ruleset: str) -> tuple[bool, list[str]]:
     finally:
         mlp_compliance.enqueue_config = original
         mlp_compliance.enqueued_configs.clear()
+        logging.disable(quieted)  # a caller in this process (a test) keeps its own warnings
     messages = [*refused, *checker.overwritable.values(), *checker.not_overwritable]
     return not messages, [" ".join(str(m).split()) for m in messages]
 

@@ -9,6 +9,10 @@ file holding ``:::MLLOG`` lines is one. Two layouts add facts to a group:
   model FLOPs per sample from the first line of ``metrics_<i>.jsonl``;
 - an MLPerf submission tree ``<org>/results/<system>/<benchmark>/result_N.txt`` with
   ``<org>/systems/<system>.json``: accelerator count and model, system name, submitter.
+
+``flux-cluster evaluate`` results outside a run's results/ (its ``--output``, default ``eval.json``, for
+a LoRA file or a pipeline alone; or the eval_<k>.json of a run directory without result logs) are found
+too, by their kind, and returned apart (find_inputs): the report groups them by the system they record.
 """
 
 import json
@@ -23,6 +27,7 @@ import yaml
 
 from flux_cluster.config.loader import ConfigLoader
 from flux_cluster.config.training import TrainMode
+from flux_cluster.evaluate import KIND as EVAL_KIND
 from flux_cluster.mlperf_rules import RULESETS
 from flux_cluster.report.harvest import TOKEN, finite_number, per_system
 
@@ -32,6 +37,8 @@ _LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
 _SNIFF_BYTES = 8 << 20
 MAX_SIDE_FILE_BYTES = 1 << 20
 """config.yaml, systems/*.json, scaling.json and a metrics line are a few KB; larger ones are not read."""
+EVAL_SNIFF_BYTES = 64 << 10
+"""An evaluate result names its kind in its first lines."""
 DEFAULT_RULESET = "5.1.0"
 """For logs with no run config and no 'vX.Y' in their path: the first round with flux1."""
 
@@ -60,19 +67,29 @@ class GroupSource:
 
 def find_groups(roots: list[Path]) -> list[GroupSource]:
     """Every group under the given files or directories, each once, in path order."""
+    return find_inputs(roots)[0]
+
+
+def find_inputs(roots: list[Path]) -> tuple[list[GroupSource], list[Path]]:
+    """Every group under the given files or directories, each once, in path order; and the evaluate
+    results found outside a run's results/ (each once, in path order)."""
     by_dir: dict[Path, GroupSource] = {}
+    evals: dict[str, Path] = {}
     for root in roots:
         root = root.absolute()
         if root.is_file():
-            _add(by_dir, root.parent, [root])
+            if is_eval_result(root):
+                evals.setdefault(os.path.realpath(root), root)
+            else:
+                _add(by_dir, root.parent, [root])
             continue
-        for directory, files in _walk(root):
+        for directory, files in _walk(root, evals):
             _add(by_dir, directory, files)
     groups = sorted(by_dir.values(), key=lambda g: str(g.path))
     for group in groups:
         group.files.sort(key=_natural)
         _describe(group)
-    return groups
+    return groups, sorted(evals.values(), key=lambda p: (str(p.parent), _natural(p)))
 
 
 def _add(by_dir: dict[Path, GroupSource], directory: Path, files: list[Path]) -> None:
@@ -80,7 +97,9 @@ def _add(by_dir: dict[Path, GroupSource], directory: Path, files: list[Path]) ->
     group.files.extend(f for f in files if f not in group.files)
 
 
-def _walk(root: Path) -> list[tuple[Path, list[Path]]]:
+def _walk(root: Path, evals: dict[str, Path]) -> list[tuple[Path, list[Path]]]:
+    """(directory, result logs) under root; the evaluate results outside a run's scored results/ are
+    added to evals (by real path)."""
     found = []
     seen: set[str] = set()
     for directory, dirs, names in os.walk(root, followlinks=True):
@@ -93,16 +112,39 @@ def _walk(root: Path) -> list[tuple[Path, list[Path]]]:
         if (here / "config.yaml").is_file() and (here / "results").is_dir():
             dirs[:] = []  # a run directory: only its results/result_*.txt
             results = here / "results"
-            logs = [results / n for n in os.listdir(results) if RESULT_NAME.fullmatch(n)]
+            listed = sorted(os.listdir(results))
+            logs = [results / n for n in listed if RESULT_NAME.fullmatch(n)]
             if logs:
                 found.append((results, [p for p in logs if p.is_file()]))
+            else:  # no result logs (e.g. deleted): its evaluations on their own
+                _add_evals(evals, [results / n for n in listed])
             continue
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
         named = [here / n for n in sorted(names) if RESULT_NAME.fullmatch(n) and (here / n).is_file()]
         logs = named or [here / n for n in sorted(names) if _is_result_log(here / n)]
         if logs:
             found.append((here, logs))
+        if not (logs and here.name == "results" and (here.parent / "config.yaml").is_file()):
+            _add_evals(evals, [here / n for n in sorted(names)])  # (else a run's: read with its group)
     return found
+
+
+def _add_evals(evals: dict[str, Path], paths: list[Path]) -> None:
+    for path in paths:
+        if is_eval_result(path):
+            evals.setdefault(os.path.realpath(path), path)
+
+
+def is_eval_result(path: Path) -> bool:
+    """A flux-cluster evaluate result: a .json file that says so near its start (read bounded; never a
+    FIFO's). Whether the rest is what the contract says is the reader's business (report.evaluation)."""
+    if path.suffix != ".json" or path.name.startswith(".") or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as handle:
+            return f'"{EVAL_KIND}"'.encode() in handle.read(EVAL_SNIFF_BYTES)
+    except OSError:
+        return False
 
 
 def _is_result_log(path: Path) -> bool:

@@ -1,4 +1,5 @@
-"""A run's evaluations for the report: ``flux-cluster evaluate``'s results/eval_<k>.json (+ its grid PNG).
+"""Evaluations for the report: ``flux-cluster evaluate``'s results/eval_<k>.json in a run directory, or
+its --output file (default eval.json) elsewhere, each with its grid PNG beside it.
 
 The contract (schema 1, kind 'flux-cluster-eval'): inference latency of the base and the fine-tuned
 model ({"p50_s", "p90_s", "p99_s", "mean_s", "images_per_s", "peak_memory_gb", "samples"}), their CLIP
@@ -6,7 +7,7 @@ scores, their validation losses, the settings, whether the figures mean anything
 a tiny random-init pipeline) and the name of the sample grid. The files come from an untrusted folder:
 each is read bounded (discover's reader), every value that is not what the contract says is one warning
 naming the file and the key and is left out, and a grid is embedded only if it is a PNG under
-MAX_GRID_BYTES beside the JSON.
+MAX_GRID_BYTES beside the JSON, named as evaluate names it (<json stem>_grid.png).
 """
 
 import base64
@@ -17,20 +18,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flux_cluster.evaluate import KIND, grid_name
 from flux_cluster.report.discover import _natural, _read_small, _reason
 from flux_cluster.report.harvest import non_negative, whole_number
 
 SCHEMA = 1
-KIND = "flux-cluster-eval"
+EVALUATIONS_ONLY = "evaluate"
+"""The benchmark of a report group of evaluations alone (no runs): flux-cluster evaluate outside a run."""
 EVAL_NAME = re.compile(r"eval_[A-Za-z0-9][A-Za-z0-9._-]{0,63}\.json")
-GRID_NAME = re.compile(r"eval_[A-Za-z0-9][A-Za-z0-9._-]{0,63}_grid\.png")
-"""A grid is named, never a path: eval_<k>_grid.png beside its JSON."""
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_GRID_BYTES = 8 << 20
 """A grid of a few 512 px images is well under a megabyte; a larger file is not put into the page."""
 MAX_EVAL_FILES = 100
 MAX_TEXT = 500
-LATENCY_KEYS = ("p50_s", "p90_s", "p99_s", "mean_s", "images_per_s", "peak_memory_gb")
+LATENCY_KEYS = ("p50_s", "p90_s", "p99_s", "mean_s", "images_per_s")
+"""Always numbers; peak_memory_gb too where it was measured (null on a CPU, as evaluate writes it)."""
 SETTING_KEYS = ("steps", "guidance", "resolution", "runs", "warmup", "prompts", "seed")
 WEIGHTS_KINDS = ("lora", "transformer")
 
@@ -206,6 +208,7 @@ class _Reader:
         if section is None:
             return None
         latency = Latency(**{k: self.number(section, f"{label}.{k}", True) for k in LATENCY_KEYS})
+        latency.peak_memory_gb = self.number(section, f"{label}.peak_memory_gb")
         samples = section.get("samples")
         latency.samples = whole_number(samples, 1)
         if latency.samples is None:
@@ -216,8 +219,9 @@ class _Reader:
 def _grid(result: EvalResult, path: Path, name: Any, reader: _Reader) -> None:
     if name is None:
         return
-    if not isinstance(name, str) or not GRID_NAME.fullmatch(name):
-        reader.bad("grid", name, "null or a file name eval_<k>_grid.png beside the JSON")
+    expected = grid_name(path.name)  # a name, never a path: the one evaluate gives it, beside the JSON
+    if name != expected:
+        reader.bad("grid", name, f"null or {expected} (the grid beside the JSON)")
         return
     grid = path.with_name(name)
     try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flux_cluster.report.evaluation import EvalResult, Latency
+from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, Latency
 from flux_cluster.report.harvest import RunResult
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.safe_text import plain, printable
@@ -43,6 +43,20 @@ def _name(group: GroupResult) -> str:
 
 def _runs(group: GroupResult) -> str:
     return f"{group.scored_runs}/{group.run_count}"
+
+
+def evaluations_only(group: GroupResult) -> bool:
+    """A group of flux-cluster evaluate results outside a run: no runs, no training figures."""
+    return group.benchmark == EVALUATIONS_ONLY and not group.runs
+
+
+EVALUATIONS_ONLY_MODE = "eval only"
+"""The side-by-side table's mode for a group of evaluations alone."""
+
+
+def mlperf_groups(groups: list[GroupResult]) -> list[GroupResult]:
+    """The groups of the MLPerf summary table: runs that are not fine-tuning."""
+    return [g for g in groups if not g.fine_tuning and not evaluations_only(g)]
 
 
 GROUP_COLUMNS = [
@@ -81,20 +95,21 @@ FINE_TUNING_NOTE = (
     "run at that time, USD all runs for every timed run; losses and images/s are means over runs, peak "
     "memory the most; inference p50/p99 (seconds per image, the fine-tuned model's where measured) and "
     "CLIP scores are means over the run's flux-cluster evaluate results, * when they are not meaningful; "
-    "cheapest first"
+    f"mode {EVALUATIONS_ONLY_MODE}: evaluations outside a run (a pipeline alone, a LoRA file), one group per "
+    "system they record (evaluate --system), inference and CLIP figures only; cheapest first"
 )
 FINE_TUNING_COLUMNS = [
     Column("system", _name),
-    Column("mode", lambda g: g.train_mode),
+    Column("mode", lambda g: EVALUATIONS_ONLY_MODE if evaluations_only(g) else g.train_mode),
     Column("accelerators", lambda g: g.accelerators),
     Column("GPU", lambda g: g.accelerator_model, terminal=False, page=False),
-    Column("runs", lambda g: g.run_count),
+    Column("runs", lambda g: None if evaluations_only(g) else g.run_count),
     Column("minutes", lambda g: g.mean_minutes, "{:.2f}"),
     Column("images/s", _training_images_per_s, "{:,.1f}"),
     Column("images/s/GPU", lambda g: g.images_per_s_per_accelerator, "{:,.2f}"),
     Column("step ms", lambda g: g.step_time_ms, "{:,.0f}"),
     Column("best val loss", lambda g: g.best_eval_loss, "{:.4f}"),
-    Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}", terminal=False),
+    Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}"),
     Column("peak GB", lambda g: g.peak_memory_gb, "{:,.1f}", terminal=False, page=False),
     Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}"),
     Column("USD per run", lambda g: g.cost_usd, "{:,.2f}"),
@@ -103,7 +118,7 @@ FINE_TUNING_COLUMNS = [
     # flux-cluster evaluate's figures (issue 15): inference speed and quality beside training and cost
     Column("p50 s", lambda g: _evaluated(g, g.inference_p50_s), "{}"),
     Column("p99 s", lambda g: _evaluated(g, g.inference_p99_s), "{}"),
-    Column("CLIP base", lambda g: _evaluated(g, g.clip_score_base), "{}", terminal=False),
+    Column("CLIP base", lambda g: _evaluated(g, g.clip_score_base), "{}"),
     Column("CLIP tuned", lambda g: _evaluated(g, g.clip_score_tuned), "{}"),
 ]
 
@@ -145,12 +160,14 @@ EVAL_COLUMNS = [
     Column("resolution", lambda e: e.settings.get("resolution"), terminal=False),
     Column("p50 s base", _latency("base", "p50_s"), "{:.4g}"),
     Column("p50 s tuned", _latency("tuned", "p50_s"), "{:.4g}"),
-    Column("p90 s base", _latency("base", "p90_s"), "{:.4g}", terminal=False, page=False),
-    Column("p90 s tuned", _latency("tuned", "p90_s"), "{:.4g}", terminal=False, page=False),
+    Column("p90 s base", _latency("base", "p90_s"), "{:.4g}", terminal=False),
+    Column("p90 s tuned", _latency("tuned", "p90_s"), "{:.4g}", terminal=False),
     Column("p99 s base", _latency("base", "p99_s"), "{:.4g}"),
     Column("p99 s tuned", _latency("tuned", "p99_s"), "{:.4g}"),
+    Column("images/s base", _latency("base", "images_per_s"), "{:.4g}", terminal=False),
     Column("images/s tuned", _latency("tuned", "images_per_s"), "{:.4g}", terminal=False),
-    Column("peak GB tuned", _latency("tuned", "peak_memory_gb"), "{:,.1f}", terminal=False, page=False),
+    Column("peak GB base", _latency("base", "peak_memory_gb"), "{:,.1f}", terminal=False),
+    Column("peak GB tuned", _latency("tuned", "peak_memory_gb"), "{:,.1f}", terminal=False),
     Column("CLIP base", lambda e: e.clip_base, "{:.4g}"),
     Column("CLIP tuned", lambda e: e.clip_tuned, "{:.4g}"),
     Column("val loss base", lambda e: e.val_loss_base, "{:.4f}"),
@@ -280,7 +297,7 @@ def _md_table(columns: list[Column], rows: list[Any]) -> list[str]:
 
 def render_markdown(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> str:
     lines = ["# flux-cluster report"]
-    mlperf, tuned = [g for g in groups if not g.fine_tuning], by_cost(groups)
+    mlperf, tuned = mlperf_groups(groups), by_cost(groups)
     if mlperf or not tuned:
         lines += ["", *_md_table(GROUP_COLUMNS, mlperf)]
     if tuned:
@@ -288,7 +305,7 @@ def render_markdown(groups: list[GroupResult], comparison: dict[str, Any] | None
         lines += ["", FINE_TUNING_NOTE + "."]
     for group in groups:
         lines += ["", f"## {_md(_name(group))} ({_md(group.benchmark)})", "", f"path: {_md(group.path)}", ""]
-        lines += _md_table(run_columns(group), group.runs)
+        lines += [] if evaluations_only(group) else _md_table(run_columns(group), group.runs)
         if group.evals:
             lines += ["", f"### {EVAL_TITLE}", "", *_md_table(EVAL_COLUMNS, group.evals), ""]
             lines += [EVAL_NOTE + ".", ""]
@@ -333,16 +350,17 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
 
     for group in groups:
         title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}"
-        heading = Text.assemble(plain(title), "\n", _batch_line(group))
-        console.print(table(heading, run_columns(group), group.runs, ("run", "status", "best weights")))
+        if not evaluations_only(group):
+            heading = Text.assemble(plain(title), "\n", _batch_line(group))
+            console.print(table(heading, run_columns(group), group.runs, ("run", "status", "best weights")))
         if group.evals:
-            title = f"{EVAL_TITLE}: {plain(_name(group))}"
+            title = f"{EVAL_TITLE}: {plain(title if evaluations_only(group) else _name(group))}"
             console.print(
                 table(title, EVAL_COLUMNS, group.evals, ("eval", "meaningful", "device", "weights"))
             )
         for warning in all_warnings(group):
             console.print(Text.assemble(("warning:", "yellow"), " ", plain(warning)), soft_wrap=True)
-    mlperf, tuned = [g for g in groups if not g.fine_tuning], by_cost(groups)
+    mlperf, tuned = mlperf_groups(groups), by_cost(groups)
     if tuned:
         console.print(table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, ("system", "mode", "basis")))
         console.print(FINE_TUNING_NOTE + ".", soft_wrap=True)

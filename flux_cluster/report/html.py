@@ -87,27 +87,57 @@ def _validation(group: GroupResult) -> Answer:
     return Answer(label, f"{group.best_eval_loss:.4f}", f"mean over its runs; final {final}")
 
 
+def _evaluations_how(group: GroupResult) -> str:
+    how = f"mean of {len(group.evals)} evaluation(s), the fine-tuned model's where measured"
+    return how if group.evals_meaningful else "NOT MEANINGFUL (see the evaluations); " + how
+
+
+def _inference_alone(group: GroupResult) -> list[Answer]:
+    """A group of evaluations alone (no runs): its latency, throughput and quality, nothing of training."""
+    how = _evaluations_how(group)
+    memory = [x.peak_memory_gb for e in group.evals if (x := e.latency) and x.peak_memory_gb is not None]
+
+    def figure(value: float | None, unit: str = "") -> str:
+        return "-" if value is None else f"{value:.3g}{unit}"
+
+    return [
+        Answer(
+            "Inference p50 / p99", f"{figure(group.inference_p50_s)} / {figure(group.inference_p99_s)} s", how
+        ),
+        Answer(
+            "Images/s",
+            figure(group.inference_images_per_s),
+            "peak memory " + (f"{max(memory):,.1f} GB" if memory else "not measured"),
+        ),
+        Answer("CLIP score base", figure(group.clip_score_base), "mean over its evaluations"),
+        Answer("CLIP score tuned", figure(group.clip_score_tuned), "where fine-tuned weights were evaluated"),
+    ]
+
+
 def _inference(group: GroupResult) -> Answer:
     label = "Inference p50 / CLIP"
     p50, clip = group.inference_p50_s, group.clip_score_tuned
     if clip is None:
         clip = group.clip_score_base
     value = f"{'-' if p50 is None else f'{p50:.3g} s'} / {'-' if clip is None else f'{clip:.3g}'}"
-    how = f"mean of {len(group.evals)} evaluation(s), the fine-tuned model's where measured"
-    if not group.evals_meaningful:
-        how = "NOT MEANINGFUL (see the evaluations); " + how
-    return Answer(label, value, how)
+    return Answer(label, value, _evaluations_how(group))
 
 
 def cards(groups: list[GroupResult]) -> list[Card]:
     out = []
     for index, (group, name) in enumerate(zip(groups, plots.names(groups), strict=True)):
+        warnings = len(formats.all_warnings(group))
+        if formats.evaluations_only(group):
+            about = "flux-cluster evaluate outside a run: inference only" + (
+                f", on {group.accelerator_model}" if group.accelerator_model else ""
+            )
+            out.append(Card(name, f"group-{index}", about, _inference_alone(group), warnings))
+            continue
         about = [group.benchmark or "unknown benchmark"]
         if group.fine_tuning:
             about.append(f"fine-tuning ({group.train_mode}): no MLPerf result")
         if group.accelerators:
             about.append(f"{group.accelerators} x {group.accelerator_model or 'accelerator'}")
-        warnings = len(formats.all_warnings(group))
         last = _validation(group) if group.fine_tuning else _mfu(group)  # what a fine-tuner compares
         answers = [_time(group), _cost(group), _throughput(group), last]
         if group.evals:
@@ -136,7 +166,7 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
     return template("report.html.j2").render(
         groups=groups,
         cards=answers,
-        summary_rows=[(g, card_of[id(g)]) for g in groups if not g.fine_tuning],
+        summary_rows=[(g, card_of[id(g)]) for g in formats.mlperf_groups(groups)],
         fine_rows=[(g, card_of[id(g)]) for g in formats.by_cost(groups)],
         fine_columns=[c for c in formats.FINE_TUNING_COLUMNS if c.page],
         evaluated=[(g, card_of[id(g)]) for g in groups if g.evals],
@@ -146,6 +176,7 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
         fine_title=formats.FINE_TUNING_TITLE,
         fine_note=formats.FINE_TUNING_NOTE,
         columns_of=formats.run_columns,
+        evaluations_only=formats.evaluations_only,
         run_count=sum(g.run_count for g in groups),
         version=__version__,
         checked=checked,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flux_cluster.report.formats import evaluations_only
 from flux_cluster.report.scoring import MAX_DROPPED, GroupResult
 
 if TYPE_CHECKING:
@@ -40,7 +41,8 @@ def names(groups: list[GroupResult], sep: str = " ") -> list[str]:
     labels = []
     for group in groups:
         mode = f", {group.train_mode}" if group.fine_tuning else ""
-        labels.append(f"{group.system or Path(group.path).name} ({group.accelerators or '?'}{mode})")
+        what = "inference" if evaluations_only(group) else f"{group.accelerators or '?'}{mode}"
+        labels.append(f"{group.system or Path(group.path).name} ({what})")
     for label in set(labels):
         same = [i for i, other in enumerate(labels) if other == label]
         if len(same) < 2:
@@ -402,14 +404,19 @@ def side_by_side(groups: list[GroupResult]) -> str:
 
 
 def all_plots(groups: list[GroupResult]) -> list[Plot]:
-    shown = [
-        eval_loss(groups),
-        Plot("Throughput", throughput(groups)),
-        Plot("Time to train and cost", time_to_train(groups)),
-        Plot("Scaling", scaling(groups)),
-    ]
-    if any(g.fine_tuning for g in groups):
-        shown.insert(1, Plot(FINE_TUNING_LOSS_TITLE, fine_tuning_loss(groups)))
+    """The training plots over the groups with runs (evaluations alone have no training to show), and
+    the side-by-side panels over every fine-tuning or evaluated group."""
+    trained = [g for g in groups if not evaluations_only(g)]
+    shown = []
+    if trained or not groups:
+        shown = [
+            eval_loss(trained),
+            Plot("Throughput", throughput(trained)),
+            Plot("Time to train and cost", time_to_train(trained)),
+            Plot("Scaling", scaling(trained)),
+        ]
+    if any(g.fine_tuning for g in trained):
+        shown.insert(1, Plot(FINE_TUNING_LOSS_TITLE, fine_tuning_loss(trained)))
     side = [g for g in groups if g.fine_tuning or g.evals]
     if side:
         shown.append(Plot(SIDE_BY_SIDE_TITLE, side_by_side(side), wide=True))
