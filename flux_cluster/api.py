@@ -1,4 +1,5 @@
-"""flux-cluster from Python: the library under the CLI. Importing this module imports no torch.
+"""flux-cluster from Python: the library under the CLI's submit, preflight, status/logs/cancel, sweep and
+report commands (which are thin wrappers over it). Importing this module imports no torch.
 
     from flux_cluster import api
 
@@ -7,32 +8,36 @@
     run.wait(); print(run.status(), run.logs()[-2000:])
     print(api.report([run.run_dir]).to_json())
 
-Errors are flux_cluster.errors.FluxClusterError, one line each (the CLI prints them as 'error: ...').
+Errors are flux_cluster.errors.FluxClusterError, one line each (the CLI prints them as 'error: ...');
+report() finding no result logs is its subclass NoResultsError.
 """
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flux_cluster.errors import FluxClusterError
-from flux_cluster.launch.rundir import RunRecord
+from flux_cluster.errors import FluxClusterError, NoResultsError
+from flux_cluster.launch.rundir import SCRIPT_FILE, RunRecord
 from flux_cluster.launch.sweep_state import THROUGHPUT_FILE, SweepState, summary_rows
 
 if TYPE_CHECKING:
     from flux_cluster.config.schema import SystemConfig
+    from flux_cluster.launch.submit import LaunchRequest
+    from flux_cluster.report.build import Tracker
     from flux_cluster.report.scoring import GroupResult
     from flux_cluster.report.sweep import SweepReport
 
 __all__ = [
     "FluxClusterError",
+    "NoResultsError",
     "Report",
     "Run",
     "Sweep",
     "load_system",
     "open_run",
     "open_sweep",
+    "preflight",
     "report",
     "submit",
     "sweep",
@@ -82,12 +87,14 @@ class Run:
 
     def wait(self, poll_s: float = 5.0, timeout_s: float | None = None) -> str:
         """Block until every job has ended; returns status(). timeout_s: a FluxClusterError after it."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self.done():
-            if deadline is not None and time.monotonic() > deadline:
-                raise FluxClusterError(f"{self.run_dir}: still {self.status()} after {timeout_s:g} s")
-            time.sleep(poll_s)
-        return self.status()
+        from flux_cluster.launch.track import wait_run
+
+        states = wait_run(self.run_dir, self.record, poll_s, timeout_s)
+        return ", ".join(sorted(set(states.values())))
+
+    def script(self) -> str:
+        """The job script, as Slurm runs it (a dry run's, to submit by hand)."""
+        return (self.run_dir / SCRIPT_FILE).read_text()
 
     def logs(self, stderr: bool = False) -> str:
         """The jobs' output so far, every job's in turn."""
@@ -129,7 +136,7 @@ def submit(
 ) -> Run:
     """flux-cluster submit: a Slurm system returns once queued; local returns when the run has ended.
     echo: copy a local job's output to stdout too (it is always in the run's log)."""
-    from flux_cluster.launch.submit import LaunchRequest, launch, throughput_args
+    from flux_cluster.launch.submit import LaunchRequest, throughput_args
 
     request = LaunchRequest(
         system=system,
@@ -145,6 +152,47 @@ def submit(
         synthetic=synthetic,
         echo=echo,
     )
+    return _launch(request)
+
+
+def preflight(
+    system: str = "local",
+    overrides: Sequence[str] = (),
+    *,
+    soak_seconds: float = 0.0,
+    nexp: int | None = None,
+    seed: int | None = None,
+    experiment: str | None = None,
+    runs_dir: Path | str | None = None,
+    dependency: str | None = None,
+    dry_run: bool = False,
+    echo: bool = False,
+) -> Run:
+    """flux-cluster preflight: every node's versions, accelerators, all_reduce and its bandwidth, data and
+    log roots; soak_seconds keeps all_reduce running that long."""
+    from flux_cluster.launch.submit import LaunchRequest
+
+    soak = soak_seconds > 0
+    request = LaunchRequest(
+        system=system,
+        job="preflight",
+        overrides=list(overrides),
+        nexp=nexp,
+        seed=seed,
+        experiment=experiment,
+        runs_dir=Path(runs_dir) if runs_dir is not None else None,
+        dependency=dependency,
+        dry_run=dry_run,
+        job_args=("--soak-seconds", f"{soak_seconds:g}") if soak else (),
+        extra_minutes=int(soak_seconds // 60) + 1 if soak else 0,
+        echo=echo,
+    )
+    return _launch(request)
+
+
+def _launch(request: "LaunchRequest") -> Run:
+    from flux_cluster.launch.submit import launch
+
     launched = launch(request)
     return Run(launched.run_dir, launched.exit_code)
 
@@ -154,7 +202,7 @@ def open_run(run: str | Path | None = None, runs_dir: Path | str | None = None) 
     from flux_cluster.launch.track import load_run
 
     run_dir, _ = load_run(run, Path(runs_dir) if runs_dir is not None else None)
-    return Run(run_dir)
+    return Run(run_dir.absolute())  # the same run after a chdir
 
 
 @dataclass
@@ -164,25 +212,28 @@ class Sweep:
     folder: Path
 
     def state(self) -> SweepState:
-        """The points as they stand now (running ones read again from their run directories)."""
-        from flux_cluster.launch.sweep import refresh
+        """The points as they stand now (running ones read again from their run directories); reads
+        only: the sweep's runner is the one writer of its files."""
+        from flux_cluster.launch.sweep import view
 
-        return refresh(self.folder)
+        return view(self.folder)
 
     def rows(self) -> list[dict[str, Any]]:
         """runs_summary.csv's rows, as numbers and strings."""
         return summary_rows(self.state())
 
     def wait(self, poll_s: float = 10.0) -> SweepState:
+        """Until every point has ended (local sweeps have when sweep() returns)."""
         from flux_cluster.launch.sweep import wait
 
         return wait(self.folder, poll_s)
 
-    def resume(self) -> "Sweep":
-        """Run again the points that have no answer (not ok, oom or 'not converged')."""
+    def resume(self, dependency: str | None = None) -> "Sweep":
+        """Run again the points that have no answer (not ok, oom or 'not converged'), with the sweep's own
+        grid and settings. dependency: Slurm, what the points queued now wait for."""
         from flux_cluster.launch.sweep import run_sweep
 
-        run_sweep(self.folder)
+        run_sweep(self.folder, dependency=dependency)
         return self
 
     def report(self) -> "SweepReport":
@@ -206,13 +257,17 @@ def sweep(
     name: str | None = None,
     runs_dir: Path | str | None = None,
     here: bool = False,
+    submit: bool = False,
     max_parallel: int | None = None,
+    dependency: str | None = None,
     warmup_steps: int = 5,
     steps: int = 20,
 ) -> Sweep:
     """flux-cluster sweep. grid: {key: values} (values as Python values or strings) or ['KEY=V1,V2', ...].
-    Local: returns when every point has ended; Slurm: once all are queued (Sweep.wait())."""
-    from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid, run_sweep
+    Local (or here): returns when every point has ended; Slurm (submit: insist on it): once all are
+    queued, points sharing a node count as one array (Sweep.wait()). dependency: Slurm, what the sweep's
+    jobs wait for (afterok:JOBID)."""
+    from flux_cluster.launch.sweep import SweepRequest, parse_grid, start_sweep
 
     if isinstance(grid, Mapping):
         items = [f"{key}={','.join(_set_value(v) for v in values)}" for key, values in grid.items()]
@@ -230,17 +285,18 @@ def sweep(
         max_parallel=max_parallel,
         warmup_steps=warmup_steps,
         steps=steps,
+        submit=submit,
+        dependency=dependency,
     )
-    folder, _ = create_sweep(request)
-    run_sweep(folder)
-    return Sweep(folder)
+    return Sweep(start_sweep(request))
 
 
-def open_sweep(spec: str | Path, runs_dir: Path | str | None = None) -> Sweep:
-    """An existing sweep folder, by path or by name under the runs directory."""
+def open_sweep(spec: str | Path, runs_dir: Path | str | None = None, system: str | None = None) -> Sweep:
+    """An existing sweep folder, by path or by name under the runs directory (or the system's
+    paths.log_root)."""
     from flux_cluster.launch.sweep import find_sweep
 
-    return Sweep(find_sweep(spec, Path(runs_dir) if runs_dir is not None else None))
+    return Sweep(find_sweep(spec, Path(runs_dir) if runs_dir is not None else None, system))
 
 
 def _set_value(value: Any) -> str:
@@ -256,6 +312,8 @@ class Report:
 
     groups: "list[GroupResult]" = field(default_factory=list)
     sweeps: "list[SweepReport]" = field(default_factory=list)
+    comparison: dict[str, Any] | None = None
+    """report(compare=(A, B)): the B/A ratios of matched groups (groups holds A's, then B's)."""
 
     def to_json(self) -> dict[str, Any]:
         """The document 'flux-cluster report --format json' writes (a sweep's when the paths are sweeps)."""
@@ -265,33 +323,64 @@ class Report:
             from flux_cluster.report.sweep import sweep_document
 
             return sweep_document(self.sweeps)
-        return finite_for_json(to_document(self.groups))
+        return finite_for_json(to_document(self.groups, self.comparison))
 
 
 def report(
-    paths: Sequence[Path | str],
+    paths: Sequence[Path | str] = (),
     *,
     check: bool = True,
     ruleset: str | None = None,
     price: float | None = None,
     prices: Mapping[str, float] | None = None,
     peak_tflops: float | None = None,
+    target: float | None = None,
+    compare: tuple[Path | str, Path | str] | None = None,
+    progress: "Tracker | None" = None,
 ) -> Report:
     """flux-cluster report PATHS: result logs scored as MLPerf does, fine-tuning and evaluation figures,
-    or sweep folders' points."""
+    or sweep folders' points (read only: a running sweep's files are its runner's to write).
+    compare=(A, B): A's and B's groups with B/A ratios (give no paths). target: the quality target for
+    logs that name none. progress: told the work to do, then each unit done. No result logs under a path:
+    NoResultsError."""
     from flux_cluster.launch.sweep_state import is_sweep_folder
 
     roots = [Path(p) for p in paths]
-    if any(is_sweep_folder(p) for p in roots):
+    if compare is not None:
+        if roots:
+            raise FluxClusterError("--compare A B takes its two paths itself: give no other paths")
+    elif not roots:
+        raise FluxClusterError("report: no paths given")
+    elif any(is_sweep_folder(p) for p in roots):
         from flux_cluster.report.sweep import sweep_reports
 
         return Report(sweeps=sweep_reports(roots))  # other paths among them: one error line
+    from flux_cluster.mlperf_rules import QUALITY_TARGET
     from flux_cluster.report.build import Options, build
 
-    for root in roots:
-        if not root.exists():
-            raise FluxClusterError(f"{root}: no such file or directory")
     options = Options(
-        check=check, ruleset=ruleset, price=price, prices=dict(prices or {}), peak_tflops=peak_tflops
+        check=check,
+        ruleset=ruleset,
+        price=price,
+        prices=dict(prices or {}),
+        peak_tflops=peak_tflops,
+        target=QUALITY_TARGET if target is None else target,
     )
-    return Report(groups=build(roots, options))
+
+    def harvest(where: list[Path]) -> "list[GroupResult]":
+        for root in where:
+            if not root.exists():
+                raise FluxClusterError(f"{root}: no such file or directory")
+        groups = build(where, options, progress)
+        if not groups:
+            places = ", ".join(str(r) for r in where)
+            raise NoResultsError(f"no MLPerf result logs (files with :::MLLOG lines) under {places}")
+        return groups
+
+    if compare is None:
+        return Report(groups=harvest(roots))
+    from flux_cluster.report.compare import compare as compare_groups
+
+    a_root, b_root = Path(compare[0]), Path(compare[1])
+    a, b = harvest([a_root]), harvest([b_root])
+    return Report(groups=[*a, *b], comparison=compare_groups(a_root, a, b_root, b))

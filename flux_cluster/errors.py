@@ -12,6 +12,10 @@ class FluxClusterError(Exception):
     """A user-facing error: the message names the file, the key and what was expected."""
 
 
+class NoResultsError(FluxClusterError):
+    """A report found no result logs under its paths (the CLI's exit code 1, not a usage error)."""
+
+
 def causes(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc

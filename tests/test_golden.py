@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from flux_cluster.config import known_systems, load_system
+from flux_cluster.config.schema import SystemConfig
 from flux_cluster.launch.data_jobs import data_job_plan
-from flux_cluster.launch.plan import make_plan
-from flux_cluster.launch.render import render_script
+from flux_cluster.launch.plan import ArrayPlan, make_plan
+from flux_cluster.launch.render import render_array, render_script
 from flux_cluster.launch.submit import throughput_args
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -24,6 +25,8 @@ CASES = [(name, job, 1) for name in known_systems() for job in ("train", "prefli
 CASES += [(name, "throughput", 1) for name in ("dgx_h100x8", "mi300x8", "local")]
 # prepare-data's conversion array on every Slurm system (the 'local' system runs stages in-process).
 CASES += [(name, "data-convert", 1) for name in known_systems() if name != "local"]
+# a sweep's array: three throughput points sharing an allocation, two at a time, after other jobs
+CASES += [(name, "sweep-array", 1) for name in ("dgx_h100x8", "mi300x8", "local_slurm")]
 
 
 def render_case(system: str, job: str, nexp: int) -> str:
@@ -32,6 +35,8 @@ def render_case(system: str, job: str, nexp: int) -> str:
         overrides.append("paths.data_root=null")
     config = load_system(system, overrides, environ={}).config
     run_dir = Path(f"/runs/{job}/20260101-000000-{system}")
+    if job == "sweep-array":
+        return render_array(sweep_array(config))
     if job.startswith("data-"):
         plan = data_job_plan(config, job.removeprefix("data-"), run_dir, "prepare-data", "afterok:1000")
     else:
@@ -39,6 +44,16 @@ def render_case(system: str, job: str, nexp: int) -> str:
         plan = make_plan(config, job, run_dir, job, 1234, job_args)
     plan = type(plan)(**{**plan.__dict__, "python_fallback": "python3"})
     return render_script(plan)
+
+
+def sweep_array(config: SystemConfig) -> ArrayPlan:
+    sweep = Path("/runs/sweep-mbs")
+    job_args = (*throughput_args(5, 20), "--synthetic")
+    first = make_plan(config, "throughput", sweep / "20260101-000000-p000", "sweep-mbs", 1234, job_args)
+    first = type(first)(**{**first.__dict__, "python_fallback": "python3"})
+    points = tuple(sweep / f"20260101-000000-p{i:03d}" for i in range(3))
+    folder = sweep / "arrays" / "20260101-000000-nodes1"
+    return ArrayPlan(first, points, folder, "sweep-mbs", throttle=2, dependency="afterok:1000,afterany:1001")
 
 
 def case_id(case: tuple[str, str, int]) -> str:
@@ -143,6 +158,42 @@ def test_repository_shell_scripts_pass_shellcheck(script: str) -> None:
         pytest.skip("shellcheck is not installed (tools/dev.sh test installs it as root)")
     result = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_a_sweep_array_runs_each_points_own_script_in_one_allocation() -> None:
+    """The job's own #SBATCH lines (but its output files, the array's), the throttle and the dependency,
+    then task i runs point i's job.sh; executed with a stand-in job.sh per point, task 2 runs point 2's."""
+    text = render_case("dgx_h100x8", "sweep-array", 1)
+    job = render_case("dgx_h100x8", "throughput", 1)
+    header = [line for line in job.splitlines() if line.startswith("#SBATCH")]
+    own = [line for line in header if line.startswith(("#SBATCH --output", "#SBATCH --error"))]
+    for line in header:
+        assert (line in text) == (line not in own), line
+    for needle in (
+        "#SBATCH --array=0-2%2\n",
+        "#SBATCH --dependency=afterok:1000,afterany:1001\n",
+        "#SBATCH --output=/runs/sweep-mbs/arrays/20260101-000000-nodes1/slurm/%A_%a_0_log.out\n",
+        'exec bash "$_fc_point/job.sh"',
+    ):
+        assert needle in text, needle
+
+
+def test_a_sweep_array_task_runs_its_point(tmp_path: Path) -> None:
+    config = load_system("local_slurm", ["paths.data_root=null"], environ={}).config
+    plan = sweep_array(config)
+    points = tuple(tmp_path / f"p{i}" for i in range(3))
+    for point in points:
+        point.mkdir()
+        (point / "job.sh").write_text(f"echo ran {point.name} in task $SLURM_ARRAY_TASK_ID\n")
+    script = tmp_path / "array.sh"
+    script.write_text(render_array(type(plan)(**{**plan.__dict__, "run_dirs": points})))
+    for task, expected in (("2", 0), ("3", 1), ("$(touch x)", 1)):
+        env = {"PATH": "/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": task}
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == expected, done.stderr
+        if expected == 0:
+            assert done.stdout.endswith("ran p2 in task 2\n"), done.stdout
+    assert not (tmp_path / "x").exists()
 
 
 def test_data_download_job_gets_its_own_walltime() -> None:

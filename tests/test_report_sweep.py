@@ -5,11 +5,8 @@ per node count (never an oom or failed one), the plots and when they are left ou
 import csv
 import io
 import json
-import sys
-import types
 from itertools import product
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -265,28 +262,28 @@ def test_sweep_folders_are_reported_on_their_own(cli: CliRunner, mbs_sweep: Path
     )
 
 
-def test_load_for_report_refreshes_when_the_sweep_module_can(
-    mbs_sweep: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_report_reads_a_running_point_as_it_stands_and_writes_nothing(
+    cli: CliRunner, mbs_sweep: Path
 ) -> None:
-    calls: list[Path] = []
+    """A point still running in sweep.json whose run has since written its record: the report shows the
+    record, and neither sweep.json nor runs_summary.csv changes (their writer is the sweep's runner)."""
+    state = SweepState.load(mbs_sweep)
+    point = state.points[6]
+    point.status, point.result, point.error = "running", {}, None
+    run_dir = Path(point.run_dir or "")
+    (run_dir / "results").mkdir(parents=True)
+    record = {"status": "ok", "samples_per_s": 500.0, "samples_per_s_per_gpu": 62.5, "world_size": 8}
+    (run_dir / "results" / "throughput.json").write_text(json.dumps(record))
+    state.save(mbs_sweep)
+    files = {name: (mbs_sweep / name).read_bytes() for name in (SWEEP_FILE, SUMMARY_FILE)}
 
-    def refresh(folder: Path) -> SweepState:
-        calls.append(folder)
-        state = SweepState.load(folder)
-        state.points[6].status = "failed"  # as if read again from its run directory
-        return state
-
-    with_refresh: Any = types.ModuleType("flux_cluster.launch.sweep")
-    with_refresh.refresh = refresh
-    monkeypatch.setitem(sys.modules, "flux_cluster.launch.sweep", with_refresh)
-    assert [r["status"] for r in sweep.sweep_report(mbs_sweep).rows[-2:]] == ["failed", "failed"]
-    assert calls == [mbs_sweep]
-
-    # no refresh (the sweep module without it): sweep.json as it was saved
-    monkeypatch.setitem(
-        sys.modules, "flux_cluster.launch.sweep", types.ModuleType("flux_cluster.launch.sweep")
-    )
-    assert load_for_report(mbs_sweep).points[6].status == "oom"
+    assert load_for_report(mbs_sweep).points[6].status == "ok"
+    found = sweep_report(mbs_sweep)
+    assert found.rows[0]["point"] == 6 and found.rows[0]["samples_per_s"] == 500.0  # now the fastest
+    for fmt in ("json", "csv", "table"):
+        report(cli, str(mbs_sweep), "--format", fmt)
+    assert {name: (mbs_sweep / name).read_bytes() for name in files} == files
+    assert SweepState.load(mbs_sweep).points[6].status == "running"
 
 
 def test_several_sweeps_render_a_section_each(mbs_sweep: Path, nodes_sweep: Path) -> None:

@@ -2,8 +2,10 @@
 out-of-memory point), resume, the same answers from the CLI and the API, and a sweep through real Slurm."""
 
 import csv
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -11,14 +13,15 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from flux_cluster import api
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.launch import slurm
-from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid, run_sweep
-from flux_cluster.launch.sweep_state import SUMMARY_FILE, SweepState
+from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid, run_sweep, start_sweep
+from flux_cluster.launch.sweep_state import SUMMARY_FILE, SWEEP_FILE, SweepState
 from flux_cluster.training.throughput import OOM_EXIT_CODE, TEST_OOM_ENV
 
 QUICK = ("--synthetic", "--warmup-steps", "1", "--steps", "2")
@@ -66,44 +69,6 @@ def test_here_on_a_container_system_and_taken_names_are_refused_up_front(workdir
         create_sweep(replace(request, name="twice"))
 
 
-def test_max_parallel_chains_past_refused_points_and_still_queued_ones(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """--max-parallel 2 on Slurm: point i waits for the job submitted two before it; a point sbatch
-    refused takes no place in the chain; on --resume the points still queued count first."""
-    from types import SimpleNamespace
-
-    from flux_cluster.launch import submit
-
-    submitted: list[tuple[str, str | None]] = []
-
-    def fake_launch(request: object, console: object) -> SimpleNamespace:
-        name, dependency = request.run_name, request.dependency  # type: ignore[attr-defined]
-        if name == "p001":
-            raise FluxClusterError("sbatch refused the job: test")
-        job_id = str(100 + len(submitted))
-        submitted.append((name, dependency))
-        record = SimpleNamespace(launcher="slurm", job_ids=[f"{job_id}_0"])  # an array: its base id counts
-        return SimpleNamespace(run_dir=workdir / name, record=record, exit_code=None)
-
-    monkeypatch.setattr(submit, "launch", fake_launch)
-    grid = {"train.micro_batch_size": ["1", "2", "4", "8"]}
-    folder, _ = create_sweep(SweepRequest("local_slurm", grid, synthetic=True, max_parallel=2, name="q"))
-    state = run_sweep(folder)
-    assert submitted == [("p000", None), ("p002", None), ("p003", "afterany:100")]
-    assert [p.status for p in state.points] == ["running", "failed", "running", "running"]
-    assert state.points[1].error == "sbatch refused the job: test" and state.points[1].run_dir is None
-
-    state.points[1].status = "pending"  # resumed while 101 and 102 are still queued: 1 waits for 101
-    state.points[0].status = "ok"
-    state.points[2].run_dir = state.points[3].run_dir = None  # not re-read from disk here
-    state.save(folder)
-    submitted.clear()
-    monkeypatch.setattr(submit, "launch", lambda r, c: fake_launch(replace(r, run_name="p009"), c))
-    run_sweep(folder)
-    assert submitted == [("p009", "afterany:101")]
-
-
 def test_a_damaged_sweep_file_is_one_line(cli: CliRunner, workdir: Path) -> None:
     folder = workdir / "runs" / "bad"
     folder.mkdir(parents=True)
@@ -125,6 +90,29 @@ def test_sweep_cli_refuses_input_in_one_line(cli: CliRunner, workdir: Path) -> N
         (["sweep", "--grid", "nodes=1", "--job", "train", "--synthetic"], "only the throughput job"),
         (["sweep", "--resume", "nothing-here"], "no sweep.json"),
         (["sweep", "--grid", "nodes=1", "--resume", "x"], "give no --grid"),
+        (["sweep", "--resume", "x", "--set", "nodes=2", "--here"], "give no --set, --here (start a new"),
+        (["sweep", "--resume", "x", "--steps", "20"], "give no --steps"),  # even the default value
+        (["sweep", "--grid", "nodes=1", "--submit", "--here"], "--submit and --here: choose one"),
+        (["sweep", "--grid", "nodes=1", "--submit"], "system local has no Slurm (launcher local)"),
+        (["sweep", "--grid", "nodes=1", "--dependency", "afterok:1"], "the points run on this machine"),
+        (
+            ["sweep", "--system", "local_slurm", "--grid", "nodes=1", "--dependency", "afterok:x"],
+            "expected TYPE:JOBID",
+        ),
+        (
+            [
+                "sweep",
+                "--system",
+                "local_slurm",
+                "--grid",
+                "nodes=1",
+                "--job",
+                "train",
+                "--set",
+                "mlperf.nexp=2",
+            ],
+            "are array tasks themselves; use --set mlperf.nexp_mode=serial",
+        ),
         (["submit", "--job", "train", "--synthetic"], "only the throughput job takes it"),
     ):
         result = cli.invoke(app, args)
@@ -222,37 +210,140 @@ def test_local_sweep_records_oom_goes_on_resumes_and_matches_the_api(
     assert nothing.exit_code == 0 and "every point has finished" in nothing.output
 
 
+def _sacct(job_ids: list[str], fields: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids), "-o", fields],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "SLURM_TIME_FORMAT": "standard"},  # ISO 8601, whatever the site sets
+    ).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def _dependency(job_id: str) -> str:
+    """What a queued job (an array's base id) waits for, as scontrol shows it."""
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True)
+    found = re.search(r"Dependency=(\S+)", out.stdout)
+    assert found is not None, out.stdout
+    return found.group(1)
+
+
 @pytest.mark.slurm
 @pytest.mark.usefixtures("slurm_cluster")
-def test_sweep_over_node_counts_through_slurm(workdir: Path) -> None:
-    """Two points, nodes 1 and 2, one after the other (--max-parallel 1), on the real dataset."""
+def test_points_sharing_a_node_count_run_as_one_throttled_array_through_slurm(
+    cli: CliRunner, workdir: Path
+) -> None:
+    """Two points on one node each, on the real dataset: one array of two tasks, at most one at a time
+    (--max-parallel 1: %1), though the cluster's two nodes could run both at once. Each task runs its own
+    point's run directory, config and logs."""
     sweep = api.sweep(
         "local_slurm",
-        {"nodes": [1, 2]},
-        name="scaling",
+        {"train.micro_batch_size": [1, 2]},
+        overrides=["nodes=1"],
+        name="array",
         max_parallel=1,
         warmup_steps=1,
         steps=2,
     )
     state = sweep.wait(poll_s=2)
     assert [p.status for p in state.points] == ["ok", "ok"], [p.error for p in state.points]
-    assert [p.result["world_size"] for p in state.points] == [1, 2]
+    assert [p.result["micro_batch_size"] for p in state.points] == [1, 2]  # each task ran its own point
     assert all(p.result["synthetic"] is False and p.launcher == "slurm" for p in state.points)
     first, second = (p.job_ids[0] for p in state.points)
+    base = first.split("_")[0]
+    assert (first, second) == (f"{base}_0", f"{base}_1")  # one array, a task per point
+    (array,) = (sweep.folder / "arrays").iterdir()
+    assert "#SBATCH --array=0-1%1\n" in (array / "array.sh").read_text()
     slurm.wait_until_final([first, second])  # a point's record is written before its job has ended
-    out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", f"{first},{second}", "-o", "JobID,Start,End"],
+    times = {j: [datetime.fromisoformat(t) for t in ts] for j, *ts in _sacct([base], "JobID,Start,End")}
+    assert set(times) == {first, second} and times[second][0] >= times[first][1]  # throttled to one
+    for point in state.points:  # each point's own output, through its run directory
+        assert point.run_dir is not None
+        logs = cli.invoke(app, ["logs", point.run_dir])
+        assert logs.exit_code == 0 and f"record: {point.run_dir}/results/throughput.json" in logs.output
+    status = cli.invoke(app, ["status", state.points[1].run_dir or ""], env={"COLUMNS": "200"})
+    assert status.exit_code == 0 and second in status.output and "COMPLETED" in status.output
+    rows = _rows(sweep.folder)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(float(r["samples_per_s"]) > 0 for r in rows)
+
+
+@pytest.mark.slurm
+@pytest.mark.usefixtures("slurm_cluster")
+def test_arrays_chain_within_max_parallel_and_respect_the_dependency_through_slurm(workdir: Path) -> None:
+    """Nothing runs: every job waits for a held one. Node counts 1 and 2 x a good and a missing partition:
+    the good points go out as two arrays, the second after the first (--max-parallel 1 across arrays too),
+    both after --dependency; sbatch refuses the other two, which take no place in the chain and are not
+    counted as queued. On --resume the retried points wait for the arrays still queued."""
+    held = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "--partition=debug", "--wrap", "true"],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "SLURM_TIME_FORMAT": "standard"},  # ISO 8601, whatever the site sets
-    ).stdout
-    times = {
-        j: [datetime.fromisoformat(t) for t in ts] for j, *ts in (x.split("|") for x in out.splitlines())
-    }
-    assert times[second][0] >= times[first][1]  # the second started after the first ended
-    rows = _rows(sweep.folder)
-    assert [r["nodes"] for r in rows] == ["1", "2"] and all(float(r["samples_per_s"]) > 0 for r in rows)
+    ).stdout.strip()
+    grid = {"nodes": ["1", "2"], "slurm.partition": ["debug", "nosuch"]}
+    console = Console(file=io.StringIO(), width=300)
+    request = SweepRequest("local_slurm", grid, synthetic=True, max_parallel=1, name="chain")
+    try:
+        folder = start_sweep(replace(request, dependency=f"afterok:{held}"), console)
+        state = SweepState.load(folder)
+        assert [p.status for p in state.points] == ["running", "failed", "running", "failed"]
+        assert all("sbatch refused the job" in (state.points[i].error or "") for i in (1, 3))
+        first, second = (state.points[i].job_ids[0].split("_")[0] for i in (0, 2))
+        assert _dependency(first) == f"afterok:{held}(unfulfilled)"
+        assert _dependency(second) == f"afterok:{held}(unfulfilled),afterany:{first}_*(unfulfilled)"
+        assert "2 points queued as 2 Slurm array(s), at most 1 at once; 2 failed to queue" in (
+            console.file.getvalue()  # type: ignore[attr-defined]
+        )
+
+        document = json.loads((folder / SWEEP_FILE).read_text())  # as if the partition had been fixed
+        for index in (1, 3):
+            document["points"][index]["values"]["slurm.partition"] = "debug"
+        (folder / SWEEP_FILE).write_text(json.dumps(document))
+        run_sweep(folder, console)
+        state = SweepState.load(folder)
+        assert [p.status for p in state.points] == ["running"] * 4
+        third, fourth = (state.points[i].job_ids[0].split("_")[0] for i in (1, 3))
+        assert _dependency(third) == f"afterany:{first}_*(unfulfilled),afterany:{second}_*(unfulfilled)"
+        assert _dependency(fourth) == f"afterany:{third}_*(unfulfilled)"
+    finally:  # the latest first: a cancelled array would let the next one start
+        queued = [p.job_ids[0].split("_")[0] for p in SweepState.load(folder).points if p.job_ids]
+        subprocess.run(["scancel", *sorted(queued, key=int, reverse=True), held], check=False)
+    ids = [p.job_ids[0] for p in state.points]
+    assert {final.split()[0] for final in slurm.wait_until_final(ids).values()} == {"CANCELLED"}
+    assert [r["status"] for r in _rows(folder)] == ["running"] * 4  # the report reads, the runner writes
+    assert [r["status"] for r in api.open_sweep(folder).rows()] == ["failed"] * 4  # as they stand now
+
+
+def test_a_train_point_records_its_node_count(tmp_path: Path) -> None:
+    """A train job's point takes its figures from its result log (here a real MLPerf v5.1 one, 4 nodes of
+    4 GPUs) and its node count from the run's config, which the report's best-per-node-count uses."""
+    import tarfile
+
+    from flux_cluster.config import load_system
+    from flux_cluster.launch.rundir import RunRecord, write_run_config
+    from flux_cluster.launch.sweep import view
+    from flux_cluster.launch.sweep_state import Point
+
+    archive = Path(__file__).parent / "data" / "mlperf_v51_sample.tar.xz"
+    run_dir = tmp_path / "sweep" / "20260101-000000-p000"
+    (run_dir / "results").mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/flux1/result_0.txt"))
+        log = tar.extractfile(member)
+        assert log is not None
+        (run_dir / "results" / "result_0.txt").write_bytes(log.read())
+    write_run_config(run_dir, load_system("gb200_nvl72", ["nodes=4"]).config, {"name": "train"})
+    RunRecord(launcher="local", job_ids=[], submitted_at=0.0, exit_code=0).save(run_dir)  # it has ended
+    point = Point(index=0, values={"train.micro_batch_size": "32"}, status="running", run_dir=str(run_dir))
+    state = SweepState(
+        name="sweep", system="gb200_nvl72", job="train", grid={"train.micro_batch_size": ["32"]},
+        overrides=[], synthetic=False, max_parallel=None, here=False, created_at=0.0, points=[point],
+    )  # fmt: skip
+    state.save(tmp_path / "sweep")
+    (seen,) = view(tmp_path / "sweep").points
+    assert seen.status == "ok" and seen.result["nodes"] == 4, seen.result
+    assert [row["nodes"] for row in api.open_sweep(tmp_path / "sweep").report().best] == [4]
 
 
 def _finished_sweep(folder: Path, grid: dict[str, list[str]], speeds: dict[int, float | str]) -> SweepState:

@@ -2,7 +2,6 @@
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,8 +12,8 @@ from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
-    from data_prep.encode import EncodeOptions
     from flux_cluster.config.schema import SystemConfig
+    from flux_cluster.launch.data_jobs import StageJob
 
 app = Typer(help="Synthetic data and dataset inspection.", no_args_is_help=True)
 
@@ -92,20 +91,15 @@ def prepare_data(
     if "convert" in stages and "download" not in stages and not dry_run:
         _check_input(config)  # here, before anything runs or is submitted: bad input is a one-line error
     if submit:
-        _require_slurm(config)
-        raise typer.Exit(_submit_stages(config, stages, runs_dir, dry_run, wait))
+        from flux_cluster.launch.data_jobs import submit_stages
+
+        started = submit_stages(config, stages, runs_dir, dry_run)
+        raise typer.Exit(_print_stages(started, f"prepare-data on {config.name}", dry_run, wait))
     # Here, a local system uses every core unless told otherwise; a cluster system its configured workers.
     local_workers = (
         workers or (os.cpu_count() or 1) if config.launcher == "local" else config.data_prep.workers
     )
     raise typer.Exit(_run_here(config, stages, local_workers, dry_run))
-
-
-def _require_slurm(config: "SystemConfig") -> None:
-    if config.launcher != "slurm":
-        raise FluxClusterError(
-            f"system {config.name} has no Slurm (launcher {config.launcher}); drop --submit"
-        )
 
 
 def _settle_shard_size(config: "SystemConfig", explicit: bool) -> "SystemConfig":
@@ -176,70 +170,30 @@ def _run_here(config: "SystemConfig", stages: list[str], workers: int, dry_run: 
     return 0
 
 
-def _submit_stages(
-    config: "SystemConfig",
-    stages: list[str],
-    runs_dir: Path | None,
-    dry_run: bool,
-    wait: bool,
-    command: str = "prepare-data",
-    mounts: tuple[str, ...] = (),
-    prepare: Callable[[Path], None] | None = None,
-) -> int:
-    """Each stage a job in its own run directory under <runs>/<command>, chained by afterok; prepare
-    writes what a stage's job reads beside its config, before it is submitted."""
+def _print_stages(started: "list[StageJob]", title: str, dry_run: bool, wait: bool) -> int:
+    """A dry run: each stage's script, in order; else the jobs as a table, and with --wait their ends."""
     from rich.table import Table
 
-    from flux_cluster.launch import slurm
-    from flux_cluster.launch.data_jobs import data_job_plan
-    from flux_cluster.launch.render import render_script
-    from flux_cluster.launch.rundir import RunRecord, create_run_dir, runs_root
-    from flux_cluster.launch.submit import check_slurm_path, prepare_run_dir
-
+    if dry_run:
+        for job in started:
+            after = "" if job is started[0] else " --dependency=afterok:<job id of the stage before>"
+            typer.echo(f"# ---- stage {job.stage}: sbatch{after} {job.launched.run_dir / 'job.sh'}")
+            typer.echo(job.launched.script, nl=False)
+        return 0
     console = cli_console(stderr=True)
-    root = runs_root(runs_dir, config).absolute()
-    check_slurm_path(root)
-    for key in ("source_root", "data_root"):
-        value = getattr(config.paths, key)
-        if value is not None:
-            check_slurm_path(Path(value))
-            # Pyxis and docker need a mount's source to exist; the source root is made only for a download.
-            if not dry_run and (key == "data_root" or "download" in stages):
-                Path(value).mkdir(parents=True, exist_ok=True)
-    table = Table(title=f"{command} on {config.name}")
+    table = Table(title=title)
     for column in ("stage", "job", "tasks", "run directory"):
         table.add_column(column)
-    experiment = command.replace(" ", "-")
-    dependency, all_ids = None, []
-    for stage in stages:
-        run_dir = create_run_dir(root, experiment, f"{config.name}-{stage}")
-        # A dry run has no job ids to chain: the printed scripts are submitted in order by hand.
-        plan = data_job_plan(config, stage, run_dir, experiment, None if dry_run else dependency, mounts)
-        script = render_script(plan)
-        prepare_run_dir(plan, script)
-        if prepare is not None:
-            prepare(run_dir)
-        if dry_run:
-            RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time()).save(run_dir)
-            after = "" if stage == stages[0] else " --dependency=afterok:<job id of the stage before>"
-            typer.echo(f"# ---- stage {stage}: sbatch{after} {run_dir / 'job.sh'}")
-            typer.echo(script, nl=False)
-            continue
-        base_id = slurm.submit_script(script, plan.slurm_dir)
-        ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
-        RunRecord(launcher="slurm", job_ids=ids, submitted_at=time.time(), array=plan.is_array).save(run_dir)
-        all_ids += ids
-        table.add_row(stage, base_id, str(plan.nexp), str(run_dir))
-        dependency = f"afterok:{base_id}"
-    if dry_run:
-        return 0
+    for job in started:
+        ids = job.launched.record.job_ids
+        table.add_row(job.stage, ids[0].split("_")[0], str(len(ids)), str(job.launched.run_dir))
     print_table(console, table)
     console.print("follow a stage: flux-cluster logs RUN_DIR --follow")
     if not wait:
         return 0
-    states = slurm.wait_until_final(all_ids)
-    console.print(", ".join(f"{job_id} {state}" for job_id, state in states.items()))
-    return 0 if all(state == "COMPLETED" for state in states.values()) else 1
+    from flux_cluster.cli.launch import wait_for_jobs
+
+    return wait_for_jobs([job_id for job in started for job_id in job.launched.record.job_ids])
 
 
 @app.command()
@@ -367,7 +321,11 @@ def encode(
         sets: list[str | tuple[str, str]] = list(overrides or [])
         if tasks is not None:
             sets.append((f"data_prep.tasks={tasks}", "--tasks"))
-        raise typer.Exit(_submit_encode(options, system or "local", sets, runs_dir, dry_run, wait))
+        from flux_cluster.launch.data_jobs import submit_encode
+
+        started = submit_encode(options, system or "local", sets, runs_dir, dry_run, cli_console(stderr=True))
+        title = f"data encode on {started[0].launched.plan.system.name}"
+        raise typer.Exit(_print_stages(started, title, dry_run, wait))
     submit_only = {"--system": system, "--tasks": tasks, "--set": overrides, "--runs-dir": runs_dir}
     submit_only |= {"--wait": wait or None, "--dry-run": dry_run or None}
     given = [flag for flag, value in submit_only.items() if value is not None]
@@ -402,67 +360,3 @@ def demo_images(
         raise FluxClusterError(f"{out}: exists and is not an empty folder; choose a new one")
     names = write_image_folder(out, layout, count, size=(96, 80))
     typer.echo(f"wrote {len(names)} captioned images ({layout}) to {out}")
-
-
-def _submit_encode(
-    options: "EncodeOptions",
-    system: str,
-    sets: list[str | tuple[str, str]],
-    runs_dir: Path | None,
-    dry_run: bool,
-    wait: bool,
-) -> int:
-    """data encode as an encode array and an encode-finish job; everything is checked before either is
-    submitted, and the options reach the jobs as a file in their run directories, never in the script."""
-    import dataclasses
-
-    from data_prep.encode import Encoding
-    from data_prep.job import write_encode_options
-    from flux_cluster.config import load_system
-    from flux_cluster.jobs import ENCODE_STAGES
-    from flux_cluster.launch.rundir import runs_root
-    from flux_cluster.launch.submit import check_slurm_path
-
-    # Absolute, and the cache fixed here: the compute nodes (or a container) have another $HOME.
-    options = dataclasses.replace(
-        options,
-        images=options.images.absolute(),
-        output=options.output.absolute(),
-        model=options.model.absolute(),
-        cache=options.cache_root.absolute(),
-    )
-    assert options.cache is not None
-    sets = [*sets, (f"paths.data_root={options.output}", "OUT"), ("paths.source_root=null", "data encode")]
-    config = load_system(system, sets).config
-    _require_slurm(config)
-    # They become mount specifications (no ':' or ','); the run dirs and OUT are checked again later.
-    for path in (options.images, options.model, options.cache, options.output, runs_root(runs_dir, config)):
-        check_slurm_path(path.absolute())
-    console = cli_console(stderr=True)
-    # Scans the folder, needs a train and a val image, and refuses an OUT holding another dataset.
-    encoding = Encoding(options, console)
-    encoding.check_output()
-    console.print(
-        f"{len(encoding.items):,} images, {len(encoding.scan.problems)} skipped; encodings cached in "
-        f"{encoding.folder} (it must be on a file system the compute nodes share)",
-        soft_wrap=True,
-        highlight=False,
-    )
-    mounts = (f"{options.images}:{options.images}:ro", f"{options.model}:{options.model}:ro")
-    mounts += (f"{options.cache}:{options.cache}",)
-
-    def prepare(run_dir: Path) -> None:
-        write_encode_options(run_dir, options)
-        if not dry_run:  # here, after every check: a container mount's source must exist
-            options.cache.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-
-    return _submit_stages(
-        config,
-        list(ENCODE_STAGES),
-        runs_dir,
-        dry_run,
-        wait,
-        command="data encode",
-        mounts=mounts,
-        prepare=prepare,
-    )

@@ -1,7 +1,5 @@
 """flux-cluster evaluate: latency, CLIP score, validation loss and samples of a base and a fine-tuned FLUX."""
 
-import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -10,6 +8,7 @@ import typer
 from flux_cluster.cli.console import cli_console, print_table
 from flux_cluster.cli.options import RunsDirOption, SetOption
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.evaluate import DEFAULT_RUNS
 
 if TYPE_CHECKING:
     from flux_cluster.evaluate.run import EvalOptions
@@ -38,7 +37,14 @@ def evaluate(
             "--prompts", help="Prompts, one per line \\[default: 8 built-in prompts].", show_default=False
         ),
     ] = None,
-    runs: Annotated[int, typer.Option("--runs", min=1, help="Timed generations per model.")] = 100,
+    runs: Annotated[
+        int,
+        typer.Option(
+            "--runs",
+            min=1,
+            help="Timed generations of each prompt (in turn), for each model.",
+        ),
+    ] = DEFAULT_RUNS,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed generations first.")] = 2,
     steps: Annotated[
         int | None,
@@ -68,8 +74,9 @@ def evaluate(
         Path | None,
         typer.Option(
             "--clip",
-            help="A local CLIP folder (CLIPModel + CLIPProcessor) \\[default: the pipeline's clip/ or its "
-            "text_encoder/ if that has a vision tower].",
+            help="A local CLIP folder (CLIPModel + CLIPProcessor) \\[default: the pipeline's clip/, its "
+            "text_encoder/ if that has a vision tower, else the CLIP model its text_encoder/ names, from the "
+            "local Hugging Face cache].",
             show_default=False,
         ),
     ] = None,
@@ -187,65 +194,17 @@ def results_table(document: dict[str, Any]) -> Any:
 def _submit(
     options: "EvalOptions", system: str, sets: list[str], runs_dir: Path | None, dry_run: bool
 ) -> int:
-    """One Slurm job running this same command; everything is checked here first, and the arguments go to
-    the job in a file of its run directory (every path absolute), never into the script."""
-    import dataclasses
+    """One Slurm job running this same command (flux_cluster.launch.evaluate_jobs); prints what it did."""
+    from flux_cluster.launch.evaluate_jobs import submit_evaluation
 
-    from flux_cluster.atomic import write_atomic
-    from flux_cluster.cli.data import _require_slurm
-    from flux_cluster.config import load_system
-    from flux_cluster.evaluate import ARGS_FILE
-    from flux_cluster.evaluate.clip import find_clip
-    from flux_cluster.evaluate.job import JOB_MINUTES, evaluate_job_system
-    from flux_cluster.evaluate.run import output_paths, pipeline_folder, read_prompts
-    from flux_cluster.evaluate.target import resolve_target
-    from flux_cluster.launch import slurm
-    from flux_cluster.launch.plan import make_plan
-    from flux_cluster.launch.render import render_script
-    from flux_cluster.launch.rundir import RunRecord, create_run_dir, runs_root
-    from flux_cluster.launch.submit import check_slurm_path, prepare_run_dir
-
-    config = load_system(system, sets).config
-    _require_slurm(config)
-    target = resolve_target(options.target, options.exp)
-    pipeline = pipeline_folder(target, options.model)
-    read_prompts(options.prompts)
-    clip = find_clip(pipeline, options.clip)
-    output, _grid = output_paths(target, options.output)
-    absolute = dataclasses.replace(
-        options,
-        target=options.target.absolute(),
-        model=pipeline.absolute(),
-        prompts=options.prompts.absolute() if options.prompts else None,
-        clip=clip.absolute(),
-        output=None if target.run_dir else output,
-    )
-    read_only = [absolute.target, absolute.model, absolute.clip, absolute.prompts, target.data_root]
-    mounts = [f"{p}:{p}:ro" for p in read_only if p is not None]
-    writable = (target.run_dir / "results") if target.run_dir else output.parent
-    mounts.append(f"{writable.absolute()}:{writable.absolute()}")
-    for mount in mounts:
-        check_slurm_path(Path(mount.split(":")[0]))  # they become mount specifications: no ':' or ','
-    config = evaluate_job_system(config, tuple(mounts))
-    root = runs_root(runs_dir, config).absolute()
-    check_slurm_path(root)
-    run_dir = create_run_dir(root, "evaluate", config.name)
-    plan = make_plan(config, "evaluate", run_dir, "evaluate", 0, extra_minutes=JOB_MINUTES)
-    script = render_script(plan)
-    prepare_run_dir(plan, script)
-    write_atomic(run_dir / ARGS_FILE, json.dumps({"args": _argv(absolute)}, indent=1) + "\n")
+    launched = submit_evaluation(options, _argv, system, sets, runs_dir, dry_run)
     if dry_run:
-        RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time()).save(run_dir)
-        typer.echo(f"prepared {run_dir} (not submitted)", err=True)
-        typer.echo(script, nl=False)
+        typer.echo(f"prepared {launched.run_dir} (not submitted)", err=True)
+        typer.echo(launched.script, nl=False)
         return 0
-    if not writable.exists():
-        writable.mkdir(parents=True)  # a container mount's source must exist
-    job_id = slurm.submit_script(script, plan.slurm_dir)
-    RunRecord(launcher="slurm", job_ids=[job_id], submitted_at=time.time()).save(run_dir)
     cli_console(stderr=True).print(
-        f"submitted evaluate job {job_id} on {config.name} ({run_dir}); follow it: flux-cluster logs "
-        f"{run_dir} --follow",
+        f"submitted evaluate job {launched.record.job_ids[0]} on {launched.plan.system.name} "
+        f"({launched.run_dir}); follow it: flux-cluster logs {launched.run_dir} --follow",
         highlight=False,
         soft_wrap=True,
     )

@@ -1,13 +1,15 @@
-"""flux-cluster submit / preflight: thin wrappers over flux_cluster.launch.submit.launch."""
+"""flux-cluster submit / preflight: thin wrappers over flux_cluster.api.submit / preflight."""
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flux_cluster.cli.console import cli_console
 from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
-from flux_cluster.launch.submit import Launched, LaunchRequest, launch, throughput_args
+
+if TYPE_CHECKING:
+    from flux_cluster.api import Run
 
 NexpOption = Annotated[
     int | None,
@@ -74,20 +76,24 @@ def submit(
     wait: WaitOption = False,
 ) -> None:
     """Render the job for a system and submit it to Slurm (or run it here with --system local)."""
-    request = LaunchRequest(
+    from flux_cluster import api
+
+    run = api.submit(
         system,
         job,
         overrides or [],
-        nexp,
-        seed,
-        experiment,
-        runs_dir,
-        dependency,
-        dry_run,
-        job_args=throughput_args(warmup_steps, steps) if job == "throughput" else (),
         synthetic=synthetic,
+        warmup_steps=warmup_steps,
+        steps=steps,
+        nexp=nexp,
+        seed=seed,
+        experiment=experiment,
+        runs_dir=runs_dir,
+        dependency=dependency,
+        dry_run=dry_run,
+        echo=True,
     )
-    raise typer.Exit(_finish(launch(request), wait))
+    raise typer.Exit(_finish(run, wait))
 
 
 def preflight(
@@ -110,36 +116,46 @@ def preflight(
     ] = 0.0,
 ) -> None:
     """Check every node: Python/torch versions, accelerators, all_reduce and its bandwidth, data/log roots."""
-    request = LaunchRequest(
+    from flux_cluster import api
+
+    run = api.preflight(
         system,
-        "preflight",
         overrides or [],
-        nexp,
-        seed,
-        experiment,
-        runs_dir,
-        dependency,
-        dry_run,
-        job_args=("--soak-seconds", f"{soak_seconds:g}") if soak_seconds > 0 else (),
-        extra_minutes=int(soak_seconds // 60) + 1 if soak_seconds > 0 else 0,
+        soak_seconds=soak_seconds,
+        nexp=nexp,
+        seed=seed,
+        experiment=experiment,
+        runs_dir=runs_dir,
+        dependency=dependency,
+        dry_run=dry_run,
+        echo=True,
     )
-    raise typer.Exit(_finish(launch(request), wait))
+    raise typer.Exit(_finish(run, wait))
 
 
-def _finish(launched: Launched, wait: bool) -> int:
+def _finish(run: "Run", wait: bool) -> int:
     """The exit code: a dry run prints its script; a local run's code; a Slurm job id on stdout, and with
     --wait the jobs' final states."""
-    if launched.record.launcher == "dry-run":
-        typer.echo(f"prepared {launched.run_dir} (not submitted)", err=True)
-        sys.stdout.write(launched.script)
+    if run.record.launcher == "dry-run":
+        typer.echo(f"prepared {run.run_dir} (not submitted)", err=True)
+        sys.stdout.write(run.script())
         return 0
-    if launched.exit_code is not None:
-        return launched.exit_code
-    from flux_cluster.launch import slurm
-
-    typer.echo(launched.record.job_ids[0].split("_")[0])
+    if run.exit_code is not None:
+        return run.exit_code
+    typer.echo(run.job_ids[0].split("_")[0])
     if not wait:
         return 0
-    states = slurm.wait_until_final(launched.record.job_ids)
+    run.wait(poll_s=2.0)
+    return _final_states(run.states())
+
+
+def wait_for_jobs(job_ids: list[str]) -> int:
+    """--wait for jobs of several runs (prepare-data's stages): until they end; 0 if all COMPLETED."""
+    from flux_cluster.launch import slurm
+
+    return _final_states(slurm.wait_until_final(job_ids))
+
+
+def _final_states(states: dict[str, str]) -> int:
     cli_console(stderr=True).print(", ".join(f"{job_id} {state}" for job_id, state in states.items()))
     return 0 if all(state == "COMPLETED" for state in states.values()) else 1

@@ -16,8 +16,9 @@ from flux_cluster.mlperf_rules import QUALITY_TARGET, RULESETS
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from flux_cluster.report.build import Options
+    from flux_cluster.api import Report
     from flux_cluster.report.scoring import GroupResult
+    from flux_cluster.report.sweep import SweepReport
 
 NOTHING_FOUND_EXIT_CODE = 1
 
@@ -98,39 +99,31 @@ def report(
     Exit codes: 0 reported, 1 no result logs found, 2 bad input.
     """
     from flux_cluster.launch.rundir import runs_root
-    from flux_cluster.launch.sweep_state import is_sweep_folder
-    from flux_cluster.report.build import Options
 
     if output is not None and output.is_dir():
         raise FluxClusterError(f"--output {output}: is a directory; give a file name")
     every, prices = parse_prices(price or [])
-    options = Options(
-        check=check,
-        ruleset=ruleset.value if ruleset else None,
-        price=every,
-        prices=prices,
-        peak_tflops=peak_tflops,
-        target=target,
-    )
-    if compare is not None:
-        if paths:
-            raise FluxClusterError("--compare A B takes its two paths itself: give no other paths")
-        a, b = (_harvest([path], options) for path in compare)
-        from flux_cluster.report.compare import compare as compare_groups
-
-        _unpriced(prices, [*a, *b])
-        _emit([*a, *b], output_format, output, check, compare_groups(compare[0], a, compare[1], b))
+    roots = list(paths or [])
+    if not roots and compare is None:
+        roots = [runs_root(runs_dir)]
+        if not roots[0].exists():
+            typer.echo(f"no runs directory {roots[0]}: give result folders or logs as arguments", err=True)
+            raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
+    options = {
+        "check": check,
+        "ruleset": ruleset.value if ruleset else None,
+        "price": every,
+        "prices": prices,
+        "peak_tflops": peak_tflops,
+        "target": target,
+        "compare": compare,
+    }
+    found = _report(roots, options)
+    if found.sweeps:
+        _emit_sweeps(found.sweeps, output_format, output)
         return
-    if paths and any(is_sweep_folder(path) for path in paths):
-        _emit_sweeps(paths, output_format, output)
-        return
-    roots = list(paths) if paths else [runs_root(runs_dir)]
-    if not paths and not roots[0].exists():
-        typer.echo(f"no runs directory {roots[0]}: give result folders or logs as arguments", err=True)
-        raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
-    groups = _harvest(roots, options)
-    _unpriced(prices, groups)
-    _emit(groups, output_format, output, check, None)
+    _unpriced(prices, found.groups)
+    _emit(found.groups, output_format, output, check, found.comparison)
 
 
 def parse_prices(values: list[str]) -> tuple[float | None, dict[str, float]]:
@@ -169,44 +162,40 @@ def _unpriced(prices: dict[str, float], groups: "list[GroupResult]") -> None:
             )
 
 
-def _harvest(roots: list[Path], options: "Options") -> "list[GroupResult]":
+def _report(roots: list[Path], options: dict[str, Any]) -> "Report":
+    """api.report with a progress bar on a terminal; no result logs: their line, exit code 1."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flux_cluster.report.build import build
+    from flux_cluster import api
     from flux_cluster.safe_text import markup_escape
 
-    for root in roots:
-        if not root.exists():
-            raise FluxClusterError(f"{root}: no such file or directory")
     console = Console(stderr=True)
 
     class _Bar:
         def __init__(self, progress: Progress) -> None:
             self.progress, self.task = progress, progress.add_task("finding logs", total=None)
 
-        def start(self, total: int) -> None:
-            self.progress.update(self.task, total=total)
+        def start(self, total: int) -> None:  # once per harvest: --compare's A, then B
+            self.progress.reset(self.task, total=total)
 
         def advance(self, description: str) -> None:
             # the description holds a file name, and rich reads descriptions as markup
             self.progress.update(self.task, advance=1, description=markup_escape(description))
 
     columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-        groups = build(roots, options, _Bar(progress))
-    if not groups:
-        where = ", ".join(str(r) for r in roots)
-        typer.echo(f"no MLPerf result logs (files with :::MLLOG lines) under {where}", err=True)
-        raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
-    return groups
+    try:
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+            return api.report(roots, **options, progress=_Bar(progress))
+    except api.NoResultsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(NOTHING_FOUND_EXIT_CODE) from None
 
 
-def _emit_sweeps(paths: list[Path], output_format: Format, output: Path | None) -> None:
+def _emit_sweeps(reports: "list[SweepReport]", output_format: Format, output: Path | None) -> None:
     """Sweep folders (sweep.json): their points, the best per node count, the plots (HTML)."""
     from flux_cluster.report import sweep
 
-    reports = sweep.sweep_reports(paths)
     if output_format is Format.table:
 
         def draw(console: "Console") -> None:

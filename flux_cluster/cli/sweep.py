@@ -1,14 +1,16 @@
-"""flux-cluster sweep: a grid of short runs -> runs/<sweep>/runs_summary.csv (a wrapper over
-flux_cluster.launch.sweep, which flux_cluster.api.sweep calls too)."""
+"""flux-cluster sweep: a grid of short runs -> runs/<sweep>/runs_summary.csv (a thin wrapper over
+flux_cluster.api.sweep / open_sweep)."""
 
-from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from flux_cluster.cli.console import cli_console
 from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
+
+if TYPE_CHECKING:
+    from flux_cluster.api import Sweep
 
 
 def sweep(
@@ -24,8 +26,13 @@ def sweep(
         ),
     ] = None,
     job: Annotated[
-        str, typer.Option("--job", help="throughput (short timed runs) or train (whole runs).")
-    ] = "throughput",
+        str | None,
+        typer.Option(
+            "--job",
+            help="throughput (short timed runs) or train (whole runs) \\[default: throughput].",
+            show_default=False,
+        ),
+    ] = None,
     synthetic: Annotated[
         bool,
         typer.Option("--synthetic", help="throughput: synthetic batches of the real shapes, no dataset."),
@@ -38,6 +45,10 @@ def sweep(
         ),
     ] = None,
     runs_dir: RunsDirOption = None,
+    submit: Annotated[
+        bool,
+        typer.Option("--submit", help="Submit the points to Slurm (an error on a system without Slurm)."),
+    ] = False,
     here: Annotated[
         bool,
         typer.Option("--here", help="Run the points on this machine one by one, even on a Slurm system."),
@@ -46,16 +57,31 @@ def sweep(
         int | None,
         typer.Option("--max-parallel", min=1, help="Slurm: at most N points queued or running at once."),
     ] = None,
+    dependency: Annotated[
+        str | None,
+        typer.Option(
+            "--dependency",
+            help="Slurm: the sweep's jobs start after these, e.g. afterok:1234 (with --resume: the points "
+            "queued now).",
+            show_default=False,
+        ),
+    ] = None,
     warmup_steps: Annotated[
-        int, typer.Option("--warmup-steps", min=0, help="throughput: untimed steps.")
-    ] = 5,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="throughput: timed steps.")] = 20,
+        int | None,
+        typer.Option(
+            "--warmup-steps", min=0, help="throughput: untimed steps \\[default: 5].", show_default=False
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", min=1, help="throughput: timed steps \\[default: 20].", show_default=False),
+    ] = None,
     resume: Annotated[
         str | None,
         typer.Option(
             "--resume",
-            help="A sweep folder or name: run again its points that did not finish (its grid and options "
-            "are kept; give no --grid).",
+            help="A sweep folder or name: run again its points that did not finish, with its own grid and "
+            "options (only --system, --runs-dir, --dependency and --wait go with it).",
             show_default=False,
         ),
     ] = None,
@@ -65,44 +91,55 @@ def sweep(
 ) -> None:
     """Run one short job per point of a grid and write runs_summary.csv: which configuration is fastest on
     this system, and what it costs. A point that fails or runs out of memory is recorded and the rest go on.
+    On Slurm, the points that share a node count go out as one array.
 
     Exit codes: 0 every point ran (ok or oom), 1 some failed, 2 bad input.
     """
-    from flux_cluster.launch.sweep import SweepRequest, create_sweep, find_sweep, parse_grid, run_sweep
-    from flux_cluster.launch.sweep import wait as wait_for
+    from flux_cluster import api
 
-    console = cli_console(stderr=True)
+    chosen: dict[str, Any] = {
+        "--grid": grid,
+        "--job": job,
+        "--synthetic": synthetic,
+        "--set": overrides,
+        "--name": name,
+        "--submit": submit,
+        "--here": here,
+        "--max-parallel": max_parallel,
+        "--warmup-steps": warmup_steps,
+        "--steps": steps,
+    }
     if resume is not None:
-        if grid:
-            raise FluxClusterError("--resume keeps the sweep's own grid: give no --grid")
-        folder = find_sweep(resume, runs_dir, system)
+        given = [flag for flag, value in chosen.items() if value not in (None, False, [])]
+        if given:
+            raise FluxClusterError(
+                f"--resume keeps the sweep's own grid and options: give no {', '.join(given)} "
+                "(start a new sweep to change them)"
+            )
+        handle = api.open_sweep(resume, runs_dir, system).resume(dependency=dependency)
     else:
-        request = SweepRequest(
-            system=system,
-            grid=parse_grid(grid or []),
-            job=job,
-            overrides=list(overrides or []),
+        optional = {"job": job, "warmup_steps": warmup_steps, "steps": steps}
+        handle = api.sweep(
+            system,
+            grid or [],
+            overrides=overrides or [],
             synthetic=synthetic,
             name=name,
             runs_dir=runs_dir,
             here=here,
+            submit=submit,
             max_parallel=max_parallel,
-            warmup_steps=warmup_steps,
-            steps=steps,
+            dependency=dependency,
+            **{key: value for key, value in optional.items() if value is not None},
         )
-        folder, state = create_sweep(request)
-        console.print(f"[bold]sweep[/bold] {folder}: {len(state.points)} points of {', '.join(state.grid)}")
-    state = run_sweep(folder, console)
-    if wait:
-        state = wait_for(folder)
-    _print_summary(folder)
-    failed = [p for p in state.points if p.status == "failed"]
-    raise typer.Exit(1 if failed else 0)
+    state = handle.wait() if wait else handle.state()
+    _print_summary(handle)
+    raise typer.Exit(1 if any(p.status == "failed" for p in state.points) else 0)
 
 
-def _print_summary(folder: Path) -> None:
+def _print_summary(handle: "Sweep") -> None:
     from flux_cluster.launch.sweep_state import SUMMARY_FILE
-    from flux_cluster.report.sweep import print_sweep, sweep_report
+    from flux_cluster.report.sweep import print_sweep
 
-    print_sweep(sweep_report(folder), cli_console())
-    typer.echo(f"wrote {folder / SUMMARY_FILE}", err=True)
+    print_sweep(handle.report(), cli_console())
+    typer.echo(f"wrote {handle.folder / SUMMARY_FILE}", err=True)

@@ -3,11 +3,20 @@ system narrowed to one node and no MLPerf steps; convert and encode are arrays w
 share of the work. The stages are chained with afterok dependencies. Only the encode array asks for a GPU
 (one per task, where the system requests GPUs as GRES)."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.jobs import data_job
 from flux_cluster.launch.plan import JobPlan
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from data_prep.encode import EncodeOptions
+    from flux_cluster.launch.submit import Launched
 
 ARRAY_STAGES = ("convert", "encode")
 
@@ -65,4 +74,107 @@ def data_job_plan(
         seed_base=0,
         job_args=("--stage", stage),
         dependency=dependency,
+    )
+
+
+@dataclass(frozen=True)
+class StageJob:
+    """One stage as submit_stages started it."""
+
+    stage: str
+    launched: "Launched"
+
+
+def submit_stages(
+    config: SystemConfig,
+    stages: list[str],
+    runs_dir: Path | None,
+    dry_run: bool,
+    command: str = "prepare-data",
+    mounts: tuple[str, ...] = (),
+    prepare: Callable[[Path], None] | None = None,
+) -> list[StageJob]:
+    """Each stage a job in its own run directory under <runs>/<command>, chained by afterok (a dry run has
+    no job ids to chain: its scripts are submitted in order by hand); prepare writes what a stage's job
+    reads beside its config, before it is submitted."""
+    from flux_cluster.launch.rundir import create_run_dir, runs_root
+    from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
+
+    require_slurm(config)
+    root = runs_root(runs_dir, config).absolute()
+    check_slurm_path(root)
+    for key in ("source_root", "data_root"):
+        value = getattr(config.paths, key)
+        if value is not None:
+            check_slurm_path(Path(value))
+            # Pyxis and docker need a mount's source to exist; the source root is made only for a download.
+            if not dry_run and (key == "data_root" or "download" in stages):
+                Path(value).mkdir(parents=True, exist_ok=True)
+    experiment = command.replace(" ", "-")
+    dependency: str | None = None
+    started = []
+    for stage in stages:
+        run_dir = create_run_dir(root, experiment, f"{config.name}-{stage}")
+        plan = data_job_plan(config, stage, run_dir, experiment, dependency, mounts)
+        launched = launch_plan(plan, dry_run=dry_run, prepare=prepare)
+        started.append(StageJob(stage, launched))
+        if not dry_run:
+            dependency = f"afterok:{launched.record.job_ids[0].split('_')[0]}"
+    return started
+
+
+def submit_encode(
+    options: "EncodeOptions",
+    system: str,
+    sets: list[str | tuple[str, str]],
+    runs_dir: Path | None,
+    dry_run: bool,
+    console: "Console",
+) -> list[StageJob]:
+    """data encode as an encode array and an encode-finish job; everything is checked before either is
+    submitted, and the options reach the jobs as a file in their run directories, never in the script."""
+    import dataclasses
+
+    from data_prep.encode import Encoding
+    from data_prep.job import write_encode_options
+    from flux_cluster.config import load_system
+    from flux_cluster.jobs import ENCODE_STAGES
+    from flux_cluster.launch.rundir import runs_root
+    from flux_cluster.launch.submit import check_slurm_path, require_slurm
+
+    # Absolute, and the cache fixed here: the compute nodes (or a container) have another $HOME.
+    options = dataclasses.replace(
+        options,
+        images=options.images.absolute(),
+        output=options.output.absolute(),
+        model=options.model.absolute(),
+        cache=options.cache_root.absolute(),
+    )
+    cache = options.cache
+    assert cache is not None
+    sets = [*sets, (f"paths.data_root={options.output}", "OUT"), ("paths.source_root=null", "data encode")]
+    config = load_system(system, sets).config
+    require_slurm(config)
+    # They become mount specifications (no ':' or ','); the run dirs and OUT are checked again later.
+    for path in (options.images, options.model, cache, options.output, runs_root(runs_dir, config)):
+        check_slurm_path(path.absolute())
+    # Scans the folder, needs a train and a val image, and refuses an OUT holding another dataset.
+    encoding = Encoding(options, console)
+    encoding.check_output()
+    console.print(
+        f"{len(encoding.items):,} images, {len(encoding.scan.problems)} skipped; encodings cached in "
+        f"{encoding.folder} (it must be on a file system the compute nodes share)",
+        soft_wrap=True,
+        highlight=False,
+    )
+    mounts = (f"{options.images}:{options.images}:ro", f"{options.model}:{options.model}:ro")
+    mounts += (f"{cache}:{cache}",)
+
+    def prepare(run_dir: Path) -> None:
+        write_encode_options(run_dir, options)
+        if not dry_run:  # here, after every check: a container mount's source must exist
+            cache.mkdir(parents=True, exist_ok=True)
+
+    return submit_stages(
+        config, list(ENCODE_STAGES), runs_dir, dry_run, command="data encode", mounts=mounts, prepare=prepare
     )

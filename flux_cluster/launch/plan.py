@@ -171,7 +171,7 @@ def make_plan(
     if job not in JOBS:
         raise FluxClusterError(f"unknown job {job!r}; known jobs: {', '.join(JOBS)}")
     if dependency is not None:
-        _check_dependency(dependency)
+        check_dependency(dependency)
     return JobPlan(
         system=system,
         job=JOBS[job],
@@ -184,10 +184,71 @@ def make_plan(
     )
 
 
-def _check_dependency(text: str) -> None:
-    kind, _, ids = text.partition(":")
-    valid_kinds = ("after", "afterok", "afterany", "afternotok", "aftercorr")
-    if kind not in valid_kinds or not ids or not all(p.replace("_", "").isdigit() for p in ids.split(":")):
-        raise FluxClusterError(
-            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] with TYPE one of {', '.join(valid_kinds)}"
-        )
+DEPENDENCY_KINDS = ("after", "afterok", "afterany", "afternotok", "aftercorr")
+
+
+def check_dependency(text: str) -> None:
+    """A Slurm dependency as --dependency takes it: TYPE:JOBID[:JOBID...], several joined by ',' (all
+    must hold); anything else is one line."""
+    for part in text.split(","):
+        kind, _, ids = part.partition(":")
+        if (
+            kind not in DEPENDENCY_KINDS
+            or not ids
+            or not all(p.replace("_", "").isdigit() for p in ids.split(":"))
+        ):
+            raise FluxClusterError(
+                f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] (several joined by ',') with TYPE "
+                f"one of {', '.join(DEPENDENCY_KINDS)}"
+            )
+
+
+@dataclass(frozen=True)
+class ArrayPlan:
+    """Sweep points that share their Slurm resources (the same #SBATCH lines: in practice the same node
+    count) as one array: task i runs the job script of the point in run_dirs[i], in its own run directory,
+    exactly as 'sbatch job.sh' would. Renders the same #SBATCH header as a job (sweep_array.sh.j2)."""
+
+    first: JobPlan
+    """The first point's plan: the allocation every task asks for."""
+    run_dirs: tuple[Path, ...]
+    folder: Path
+    """The array's own folder: its script, and Slurm's output files (linked from each point's slurm/)."""
+    name: str
+    """The sweep's name, for the script's comment."""
+    throttle: int | None = None
+    """At most this many tasks at once (--array=...%N); None: all."""
+    dependency: str | None = None
+    version: str = __version__
+    is_array: bool = True
+
+    @property
+    def system(self) -> SystemConfig:
+        return self.first.system
+
+    @property
+    def walltime(self) -> str:
+        return self.first.walltime
+
+    @property
+    def signal_spec(self) -> str:
+        return self.first.signal_spec
+
+    @property
+    def slurm_dir(self) -> Path:
+        return self.folder / "slurm"
+
+    @property
+    def output_pattern(self) -> str:
+        return str(self.slurm_dir / "%A_%a_0_log.out")
+
+    @property
+    def error_pattern(self) -> str:
+        return self.output_pattern.removesuffix(".out") + ".err"
+
+    @property
+    def array_spec(self) -> str:
+        return f"0-{len(self.run_dirs) - 1}" + (f"%{self.throttle}" if self.throttle else "")
+
+    def job_name(self) -> str:
+        return self.first.job_name()

@@ -10,7 +10,7 @@ from functools import cache
 
 import jinja2
 
-from flux_cluster.launch.plan import JobPlan
+from flux_cluster.launch.plan import ArrayPlan, JobPlan
 from flux_cluster.resources import templates_dir
 
 
@@ -50,3 +50,18 @@ def template_name(plan: JobPlan) -> str:
 def render_script(plan: JobPlan) -> str:
     text = _environment().get_template(template_name(plan)).render(p=plan, s=plan.system)
     return text
+
+
+def render_array(plan: ArrayPlan) -> str:
+    """A sweep array's script: the shared #SBATCH lines, then task i runs point i's job script."""
+    return _environment().get_template("sweep_array.sh.j2").render(p=plan, s=plan.system)
+
+
+def allocation(plan: JobPlan) -> tuple[str, ...]:
+    """The #SBATCH lines of a Slurm job but its own output files: jobs whose lines are the same can be
+    tasks of one array."""
+    header = _environment().get_template("_sbatch_header.sh.j2").render(p=plan, s=plan.system)
+    own = ("#SBATCH --output=", "#SBATCH --error=")
+    return tuple(
+        line for line in header.splitlines() if line.startswith("#SBATCH") and not line.startswith(own)
+    )

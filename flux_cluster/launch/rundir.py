@@ -132,6 +132,27 @@ def lock_repeat(run_dir: Path, exp_index: int) -> IO[str] | None:
     process's life), so two attempts never write the same repeat at once. Another holder is a one-line
     FluxClusterError naming it; None where the file system has no locks (nothing is enforced there)."""
     path = repeat_lock_path(run_dir, exp_index)
+    try:
+        return exclusive_lock(path)
+    except LockHeld as held:
+        raise FluxClusterError(
+            f"{path}: another attempt of repeat {exp_index} is still running ({held.holder}); stop it "
+            "('flux-cluster cancel') or let it finish, then start again"
+        ) from None
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; holder says which ('pid N on HOST')."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def exclusive_lock(path: Path) -> IO[str] | None:
+    """An exclusive flock on path, held while the returned file stays open, the file naming its holder.
+    LockHeld when another process holds it; None where the file system has no locks (nothing is
+    enforced there)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = path.open("a+")
     try:
@@ -141,10 +162,7 @@ def lock_repeat(run_dir: Path, exp_index: int) -> IO[str] | None:
         holder = handle.read().strip() or "unknown"
         handle.close()
         if exc.errno in (errno.EAGAIN, errno.EACCES):
-            raise FluxClusterError(
-                f"{path}: another attempt of repeat {exp_index} is still running ({holder}); stop it "
-                "('flux-cluster cancel') or let it finish, then start again"
-            ) from None
+            raise LockHeld(holder) from None
         return None  # ENOLCK, EOPNOTSUPP, ENOSYS: e.g. a Lustre mounted without flock
     handle.seek(0)
     handle.truncate()

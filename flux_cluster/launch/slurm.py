@@ -35,9 +35,11 @@ def is_final(state: str) -> bool:
 
 
 def wait_until_final(
-    job_ids: list[str], poll_s: float = 2.0, unknown_limit_s: float = 120.0
+    job_ids: list[str], poll_s: float = 2.0, unknown_limit_s: float = 120.0, timeout_s: float | None = None
 ) -> dict[str, str]:
-    """Poll sacct until every job has ended. Fails clearly if sacct knows none of them for too long."""
+    """Poll sacct until every job has ended; their final states. Fails clearly if sacct knows none of them
+    for too long, or (timeout_s) if they have not ended in that time."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     unknown_since: float | None = None
     while True:
         states = job_states(job_ids)
@@ -52,6 +54,9 @@ def wait_until_final(
                 )
         else:
             unknown_since = None
+        if deadline is not None and time.monotonic() > deadline:
+            now = ", ".join(sorted(set(states.values())))
+            raise FluxClusterError(f"jobs {', '.join(job_ids)}: still {now} after {timeout_s:g} s")
         time.sleep(poll_s)
 
 

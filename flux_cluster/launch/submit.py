@@ -1,10 +1,13 @@
 """Launch one job: resolve the system, write the run directory, render the script, then run it here
-(launcher local) or submit it to Slurm. The CLI's submit/preflight and the Python API (flux_cluster.api)
-both call :func:`launch`; nothing here prints to stdout but a local job's own output (echo)."""
+(launcher local) or submit it to Slurm. The Python API (flux_cluster.api, under the CLI's submit and
+preflight) calls :func:`launch`; sweeps call its parts (plan_launch, write_run); data and evaluate jobs
+start their own plans with :func:`launch_plan`. Nothing here prints to stdout but a local job's own
+output (echo)."""
 
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,10 +78,31 @@ TRAINING_JOBS = ("train", "throughput")
 
 def launch(request: LaunchRequest, console: "Console | None" = None) -> Launched:
     """Launch one job. Slurm: returns once it is queued. Local: returns when it has ended."""
+    console = console or cli_console(stderr=True)
+    plan, training = plan_launch(request, console)
+    warn_if_image_missing(plan.system, console)
+    launched = launch_plan(
+        plan, dry_run=request.dry_run, training=training, console=console, echo=request.echo
+    )
+    if launched.record.launcher == "slurm":
+        ids = launched.record.job_ids
+        array_note = f" (array of {plan.nexp})" if plan.is_array else ""
+        console.print(
+            f"[bold]submitted[/bold] job {ids[0].split('_')[0]}{array_note} for {plan.job.name} on "
+            f"{plan.system.name}"
+        )
+        console.print(f"[bold]run[/bold] {plan.run_dir}")
+        console.print(f"follow it: flux-cluster logs {plan.run_dir} --follow")
+    return launched
+
+
+def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, dict | None]":
+    """Resolve the system with the request's settings, check (and make, unless a dry run) the training
+    data, create the run directory and plan the job; returns the plan and the resolved training section
+    (None for jobs that do not train). Nothing is submitted or run."""
     from flux_cluster.config import load_system
     from flux_cluster.config.schema import PLAIN_NAME_PATTERN
     from flux_cluster.launch.plan import make_plan
-    from flux_cluster.launch.render import render_script
     from flux_cluster.launch.rundir import create_run_dir, runs_root
 
     overrides: list[str | tuple[str, str]] = list(request.overrides)
@@ -88,7 +112,6 @@ def launch(request: LaunchRequest, console: "Console | None" = None) -> Launched
         overrides.append((f"mlperf.seed_base={request.seed}", "--seed"))
     if request.job == "throughput":  # one measurement per run: repeats are a sweep's business
         overrides.append(("mlperf.nexp=1", "--job throughput"))
-    console = console or cli_console(stderr=True)
     config = load_system(request.system, overrides).config
     seed_base = config.mlperf.seed_base
     if seed_base is None:  # drawn once and recorded in the run's config, so the run is reproducible
@@ -128,21 +151,62 @@ def launch(request: LaunchRequest, console: "Console | None" = None) -> Launched
         request.dependency,
         request.extra_minutes,
     )
+    return plan, training
+
+
+def write_run(
+    plan: "JobPlan", training: dict | None = None, prepare: "Callable[[Path], None] | None" = None
+) -> str:
+    """Render the plan's script and write its run directory (config, script, log folder); prepare then
+    writes what the job reads beside its config. Returns the script."""
+    from flux_cluster.launch.render import render_script
+
     script = render_script(plan)
     prepare_run_dir(plan, script, training)
-    _warn_if_image_missing(config, console)
+    if prepare is not None:
+        prepare(plan.run_dir)
+    return script
+
+
+def launch_plan(
+    plan: "JobPlan",
+    *,
+    dry_run: bool = False,
+    training: dict | None = None,
+    prepare: "Callable[[Path], None] | None" = None,
+    console: "Console | None" = None,
+    echo: bool = True,
+) -> Launched:
+    """The one way a planned job starts (submit, preflight, data stages, evaluate): its run directory
+    written (write_run), then recorded as a dry run, run here (launcher local: returns when it has ended),
+    or submitted to Slurm with its job ids in jobs.json. Prints nothing but a local job's own lines."""
     from flux_cluster.launch.rundir import RunRecord
 
-    if request.dry_run:
+    script = write_run(plan, training, prepare)
+    if dry_run:
         record = RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time())
-        record.save(run_dir)
-        return Launched(run_dir, plan, script, record)
-    if config.launcher == "local":
-        return _run_here(plan, script, console, request.echo)
-    return _submit(plan, script, console)
+        record.save(plan.run_dir)
+        return Launched(plan.run_dir, plan, script, record)
+    if plan.system.launcher == "local":
+        return _run_here(plan, script, console or cli_console(stderr=True), echo)
+    from flux_cluster.launch import slurm
+
+    base_id = slurm.submit_script(script, plan.slurm_dir)
+    job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
+    record = RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array)
+    record.save(plan.run_dir)
+    return Launched(plan.run_dir, plan, script, record)
 
 
-def _warn_if_image_missing(config: "SystemConfig", console: "Console") -> None:
+def require_slurm(config: "SystemConfig") -> None:
+    """--submit on a system without Slurm is one line."""
+    if config.launcher != "slurm":
+        raise FluxClusterError(
+            f"system {config.name} has no Slurm (launcher {config.launcher}); drop --submit"
+        )
+
+
+def warn_if_image_missing(config: "SystemConfig", console: "Console") -> None:
     """A missing .sqsh fails the job only when it starts, after its wait in the queue: say so now."""
     if config.container.runtime != "pyxis":
         return  # docker/podman images live on the compute nodes, not on this login node
@@ -272,20 +336,3 @@ def _run_here(plan: "JobPlan", script: str, console: "Console", echo: bool) -> L
     record = RunRecord.load(plan.run_dir)
     assert record is not None  # run_local saved it
     return Launched(plan.run_dir, plan, script, record, exit_code=code)
-
-
-def _submit(plan: "JobPlan", script: str, console: "Console") -> Launched:
-    from flux_cluster.launch import slurm
-    from flux_cluster.launch.rundir import RunRecord
-
-    base_id = slurm.submit_script(script, plan.slurm_dir)
-    job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
-    record = RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array)
-    record.save(plan.run_dir)
-    array_note = f" (array of {plan.nexp})" if plan.is_array else ""
-    console.print(
-        f"[bold]submitted[/bold] job {base_id}{array_note} for {plan.job.name} on {plan.system.name}"
-    )
-    console.print(f"[bold]run[/bold] {plan.run_dir}")
-    console.print(f"follow it: flux-cluster logs {plan.run_dir} --follow")
-    return Launched(plan.run_dir, plan, script, record)

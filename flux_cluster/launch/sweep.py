@@ -2,15 +2,25 @@
 nodes), a throughput job (or a train job) each, summarised in runs_summary.csv.
 
 Every point's config is resolved before anything runs, so a bad value is one line naming the point.
-Locally the points run one after the other; on Slurm each is a job of its own, all queued at once, or at
-most --max-parallel at a time (point i starts after point i - N ended, whatever its outcome). A point
-that fails or runs out of memory does not stop the rest; --resume runs again only the points that have
-no answer (neither ok, oom nor 'not converged').
+Locally the points run one after the other. On Slurm every point gets its own run directory and job
+script, and the points that ask for the same allocation (the same #SBATCH lines: in practice the same node
+count) go out as one Slurm array, task i running point i's job script; the arrays all at once, or with
+--max-parallel N each throttled to N tasks at a time (%N) and each waiting (afterany) for the one queued
+before it, so at most N points are ever in Slurm at once. A point that fails or runs out of memory does
+not stop the rest; --resume runs again only the points that have no answer (neither ok, oom nor 'not
+converged').
+
+The sweep's runner (run_sweep, then wait) is the only writer of sweep.json and runs_summary.csv, holding
+the sweep's lock while it writes; view() (the report, the API's rows and best) reads the folder and the
+points' run directories and writes nothing.
 """
 
 import json
+import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -22,9 +32,17 @@ from flux_cluster.launch.sweep_state import FINISHED, SWEEP_FILE, THROUGHPUT_FIL
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from flux_cluster.launch.plan import JobPlan
+    from flux_cluster.launch.submit import LaunchRequest
+
 SWEEP_JOBS = ("throughput", "train")
 MAX_POINTS = 512
 """More points than this is a typo in a grid, not a sweep anyone queues."""
+LOCK_FILE = "sweep.lock"
+"""Held by the process running the sweep (the only writer of its files), naming it."""
+ARRAYS_DIR = "arrays"
+"""The sweep's Slurm arrays: <stamp>-nodes<N>/ with the array's script and Slurm's output files."""
+ARRAY_SCRIPT = "array.sh"
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,10 @@ class SweepRequest:
     """Slurm: at most this many points queued or running at once; None: all at once."""
     warmup_steps: int = 5
     steps: int = 20
+    submit: bool = False
+    """Submit to Slurm, and say so if the system has no Slurm (without it, the system's launcher decides)."""
+    dependency: str | None = None
+    """Slurm: the sweep's first jobs wait for this (afterok:JOBID ...); not kept for --resume."""
 
 
 def parse_grid(items: list[str]) -> dict[str, list[str]]:
@@ -81,23 +103,39 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
         raise FluxClusterError(f"--job {request.job}: a sweep runs {' or '.join(SWEEP_JOBS)}")
     if request.synthetic and request.job != "throughput":
         raise FluxClusterError("--synthetic: only the throughput job takes it")
+    if request.submit and request.here:
+        raise FluxClusterError("--submit and --here: choose one (Slurm jobs, or this machine)")
     grid = request.grid
     combos = list(product(*grid.values()))
     if len(combos) > MAX_POINTS:
         raise FluxClusterError(f"the grid has {len(combos)} points; at most {MAX_POINTS} (split the sweep)")
     points = [Point(index=i, values=dict(zip(grid, combo, strict=True))) for i, combo in enumerate(combos)]
     base = load_system(request.system, list(request.overrides)).config
+    if request.submit:
+        from flux_cluster.launch.submit import require_slurm
+
+        require_slurm(base)
+    slurm_points = base.launcher == "slurm" and not request.here
+    if request.dependency is not None:
+        _check_dependency(request.dependency, slurm_points)
     for point in points:
         try:
             overrides = point_overrides(request.overrides, point, request.here)
-            resolve_training(load_system(request.system, overrides).config)  # both jobs train
+            config = load_system(request.system, overrides).config
+            resolve_training(config)  # both jobs train
+            mlperf = config.mlperf
+            if slurm_points and request.job == "train" and mlperf.nexp > 1 and mlperf.nexp_mode == "array":
+                raise FluxClusterError(
+                    f"mlperf.nexp={mlperf.nexp} with nexp_mode array: a sweep's points are array tasks "
+                    "themselves; use --set mlperf.nexp_mode=serial"
+                )
         except FluxClusterError as exc:
             raise FluxClusterError(f"sweep point {point.index} ({point.label}): {exc}") from None
     name = request.name or f"sweep-{base.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not re.fullmatch(PLAIN_NAME_PATTERN, name):
         raise FluxClusterError(f"--name {name!r}: one name of letters, digits and _.- (no '/')")
     folder = (runs_root(request.runs_dir, base) / name).absolute()
-    if base.launcher == "slurm" and not request.here:
+    if slurm_points:
         from flux_cluster.launch.submit import check_slurm_path
 
         check_slurm_path(folder)
@@ -143,19 +181,61 @@ def find_sweep(spec: str | Path, runs_dir: Path | None = None, system: str | Non
     raise FluxClusterError(f"sweep {str(spec)!r}: no {SWEEP_FILE} there nor under {root}")
 
 
-def run_sweep(folder: Path, console: "Console | None" = None) -> SweepState:
-    """Run (locally) or queue (Slurm) every point that has no answer yet. Local: returns when all ended."""
+def start_sweep(request: SweepRequest, console: "Console | None" = None) -> Path:
+    """create_sweep, then run_sweep: a new sweep's folder, its points run (local) or queued (Slurm)."""
     from flux_cluster.console import cli_console
 
     console = console or cli_console(stderr=True)
-    state = refresh(folder)
-    todo = [p for p in state.points if p.status not in FINISHED and p.status != "running"]
-    if not todo:
-        console.print(f"sweep {state.name}: every point has finished")
-        return state
-    if _runs_here(state):
-        return _run_here(folder, state, todo, console)
-    return _queue(folder, state, todo, console)
+    folder, state = create_sweep(request)
+    console.print(f"[bold]sweep[/bold] {folder}: {len(state.points)} points of {', '.join(state.grid)}")
+    run_sweep(folder, console, request.dependency)
+    return folder
+
+
+def run_sweep(folder: Path, console: "Console | None" = None, dependency: str | None = None) -> SweepState:
+    """Run (locally) or queue (Slurm) every point that has no answer yet. Local: returns when all ended.
+    dependency: Slurm, what the jobs queued now wait for."""
+    from flux_cluster.console import cli_console
+
+    console = console or cli_console(stderr=True)
+    with _runner(folder):
+        state = _update(folder)
+        todo = [p for p in state.points if p.status not in FINISHED and p.status != "running"]
+        if not todo:
+            console.print(f"sweep {state.name}: every point has finished")
+            return state
+        here = _runs_here(state)
+        if dependency is not None:
+            _check_dependency(dependency, not here)
+        if here:
+            return _run_here(folder, state, todo, console)
+        return _queue(folder, state, todo, console, dependency)
+
+
+def _check_dependency(dependency: str, slurm_points: bool) -> None:
+    from flux_cluster.launch.plan import check_dependency
+
+    if not slurm_points:
+        raise FluxClusterError(f"--dependency {dependency}: the points run on this machine, not in Slurm")
+    check_dependency(dependency)
+
+
+@contextmanager
+def _runner(folder: Path) -> Iterator[None]:
+    """Hold the sweep's lock: one process runs a sweep (and writes its files) at a time."""
+    from flux_cluster.launch.rundir import LockHeld, exclusive_lock
+
+    try:
+        lock = exclusive_lock(folder / LOCK_FILE)
+    except LockHeld as held:
+        raise FluxClusterError(
+            f"sweep {folder}: another process is running it ({held.holder}); let it finish first"
+        ) from None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def point_overrides(shared: list[str], point: Point, here: bool) -> list[str]:
@@ -169,7 +249,7 @@ def _runs_here(state: SweepState) -> bool:
     return state.here or load_system(state.system, list(state.overrides)).config.launcher == "local"
 
 
-def _point_request(folder: Path, state: SweepState, point: Point, dependency: str | None) -> "LaunchRequest":
+def _point_request(folder: Path, state: SweepState, point: Point) -> "LaunchRequest":
     from flux_cluster.launch.submit import LaunchRequest, throughput_args
 
     job_args: tuple[str, ...] = ()
@@ -181,7 +261,6 @@ def _point_request(folder: Path, state: SweepState, point: Point, dependency: st
         overrides=point_overrides(state.overrides, point, state.here),
         experiment=state.name,
         runs_dir=folder.parent,
-        dependency=dependency,
         job_args=job_args,
         synthetic=state.synthetic,
         run_name=f"p{point.index:03d}",
@@ -189,25 +268,25 @@ def _point_request(folder: Path, state: SweepState, point: Point, dependency: st
     )
 
 
-def _launch_point(
-    folder: Path, state: SweepState, point: Point, console: "Console", dependency: str | None
-) -> int | None:
-    """Launch one point; returns a local run's exit code (None on Slurm)."""
+def _reset(point: Point) -> None:
+    point.status, point.error, point.result, point.job_ids = "pending", None, {}, []
+    point.run_dir = point.launcher = None
+
+
+def _launch_point(folder: Path, state: SweepState, point: Point, console: "Console") -> int | None:
+    """Run one point here; returns its exit code (None when it could not start)."""
     from flux_cluster.launch.submit import launch
 
-    request = _point_request(folder, state, point, dependency)
-    point.status, point.error, point.result, point.job_ids = "running", None, {}, []
-    point.run_dir = point.launcher = None
+    _reset(point)
+    point.status = "running"
     try:
-        launched = launch(request, console)
-    except FluxClusterError as exc:  # e.g. sbatch refused this point: the others still go
+        launched = launch(_point_request(folder, state, point), console)
+    except FluxClusterError as exc:  # e.g. its data root is missing: the others still go
         point.status, point.error = "failed", str(exc)
         return None
     point.run_dir = str(launched.run_dir)
     point.launcher = launched.record.launcher
-    point.job_ids = list(launched.record.job_ids)
-    if launched.exit_code is not None:
-        _classify(point)
+    _classify(point)
     return launched.exit_code
 
 
@@ -226,7 +305,7 @@ def _run_here(folder: Path, state: SweepState, todo: list[Point], console: "Cons
         task = bar.add_task("sweep", total=len(todo), last="")
         for point in todo:
             bar.update(task, last=escape(f"point {point.index}: {point.label}"))
-            exit_code = _launch_point(folder, state, point, console, None)
+            exit_code = _launch_point(folder, state, point, console)
             state.save(folder)
             if exit_code is not None and exit_code < 0:  # the run was stopped (Ctrl-C, kill): so is the sweep
                 raise FluxClusterError(
@@ -237,26 +316,110 @@ def _run_here(folder: Path, state: SweepState, todo: list[Point], console: "Cons
     return state
 
 
-def _queue(folder: Path, state: SweepState, todo: list[Point], console: "Console") -> SweepState:
-    """Submit the points; with --max-parallel N a point waits (afterany) for the N-th job submitted
-    before it, the points still queued or running from an earlier submission counted first, so at most N
-    are ever in Slurm at once. A point sbatch refused takes no place in that chain."""
-    window = state.max_parallel
-    chain = [_base_id(p) for p in state.points if p.status == "running" and p.job_ids]
+def _queue(
+    folder: Path, state: SweepState, todo: list[Point], console: "Console", dependency: str | None
+) -> SweepState:
+    """Write every point's run directory, then submit the points that ask for the same allocation as one
+    array. With --max-parallel N each array runs at most N tasks at once and waits (afterany) for the
+    array queued before it (the first new one for every array still queued from an earlier submission),
+    so at most N points are ever in Slurm at once. A point that cannot be prepared, or whose array sbatch
+    refused, is failed with the reason and takes no place in the chain."""
+    from flux_cluster.launch.render import allocation
+    from flux_cluster.launch.submit import plan_launch, write_run
+
+    earlier = list(dict.fromkeys(_base_id(p) for p in state.points if p.status == "running" and p.job_ids))
+    groups: dict[tuple[str, ...], list[tuple[Point, JobPlan]]] = {}
     for point in todo:
-        dependency = f"afterany:{chain[-window]}" if window and len(chain) >= window else None
-        _launch_point(folder, state, point, console, dependency)
-        if point.job_ids:
-            chain.append(_base_id(point))
+        _reset(point)
+        try:
+            plan, training = plan_launch(_point_request(folder, state, point), console)
+            write_run(plan, training)
+        except FluxClusterError as exc:  # e.g. a data root missing: the others still go
+            point.status, point.error = "failed", str(exc)
+            continue
+        point.run_dir, point.launcher = str(plan.run_dir), "slurm"
+        groups.setdefault(allocation(plan), []).append((point, plan))
+    state.save(folder)
+    window = state.max_parallel
+    previous: str | None = None
+    arrays = 0
+    for group in groups.values():
+        after = [dependency] if dependency else []
+        chain = [previous] if previous else earlier
+        if window and chain:
+            after.append("afterany:" + ":".join(chain))
+        base_id = _submit_array(folder, state, group, ",".join(after) or None, console)
+        if base_id is not None:
+            previous, arrays = base_id, arrays + 1
         state.save(folder)
+    queued = sum(1 for p in todo if p.job_ids)
     limit = f", at most {window} at once" if window else ""
+    refused = f"; {len(todo) - queued} failed to queue (see runs_summary.csv)" if queued < len(todo) else ""
     console.print(
-        f"sweep {state.name}: {len(todo)} points queued{limit}; follow it: "
-        f"flux-cluster sweep --resume {folder} --wait, or flux-cluster report {folder}",
+        f"sweep {state.name}: {queued} points queued as {arrays} Slurm array(s){limit}{refused}; follow "
+        f"it: flux-cluster sweep --resume {folder} --wait, or flux-cluster report {folder}",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     return state
+
+
+def _submit_array(
+    folder: Path,
+    state: SweepState,
+    group: "list[tuple[Point, JobPlan]]",
+    dependency: str | None,
+    console: "Console",
+) -> str | None:
+    """sbatch one array for the group's points (task i: the i-th point); its task ids go to each point's
+    jobs.json, and each point's slurm/ links to its task's output. Returns the array's id, or None when
+    sbatch refused it (its points failed, with the reason)."""
+    from flux_cluster.atomic import write_atomic
+    from flux_cluster.launch import slurm
+    from flux_cluster.launch.plan import ArrayPlan
+    from flux_cluster.launch.render import render_array
+    from flux_cluster.launch.rundir import RunRecord, create_run_dir
+    from flux_cluster.launch.submit import warn_if_image_missing
+
+    first = group[0][1]
+    plan = ArrayPlan(
+        first=first,
+        run_dirs=tuple(p.run_dir for _, p in group),
+        folder=create_run_dir(folder, ARRAYS_DIR, f"nodes{first.system.nodes}"),
+        name=state.name,
+        throttle=state.max_parallel,
+        dependency=dependency,
+    )
+    script = render_array(plan)
+    write_atomic(plan.folder / ARRAY_SCRIPT, script, mode=0o755)
+    plan.slurm_dir.mkdir(exist_ok=True)  # Slurm opens --output there before the script starts
+    warn_if_image_missing(first.system, console)
+    try:
+        base_id = slurm.submit_script(script, plan.slurm_dir)
+    except FluxClusterError as exc:
+        for point, _ in group:
+            point.status, point.error = "failed", str(exc)
+        return None
+    submitted = time.time()
+    for task, (point, point_plan) in enumerate(group):
+        job_id = f"{base_id}_{task}"
+        RunRecord(launcher="slurm", job_ids=[job_id], submitted_at=submitted).save(point_plan.run_dir)
+        for stream in (False, True):  # the task's output, where 'flux-cluster logs RUN' looks for it
+            target = slurm.log_path(job_id, plan.slurm_dir, stream)
+            link = slurm.log_path(job_id, point_plan.slurm_dir, stream)
+            link.symlink_to(os.path.relpath(target, link.parent))
+        point.job_ids, point.status = [job_id], "running"
+    throttle = f", {plan.throttle} at a time" if plan.throttle else ""
+    after = f", after {dependency}" if dependency else ""
+    console.print(
+        f"submitted array {base_id} ({len(group)} points on {first.system.nodes} node(s){throttle}{after}): "
+        f"{plan.folder}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return base_id
 
 
 def _base_id(point: Point) -> str:
@@ -271,27 +434,38 @@ def _outcome(point: Point) -> str:
     return point.status
 
 
-def refresh(folder: Path) -> SweepState:
-    """The sweep as it stands now: each running point's state read again from its run directory (and
-    Slurm); the sweep file and the summary rewritten."""
+def view(folder: Path) -> SweepState:
+    """The sweep as it stands now, written nowhere: sweep.json, each running point's state read again
+    from its run directory (and Slurm)."""
     state = SweepState.load(folder)
-    changed = False
     for point in state.points:
         if point.status == "running" and point.run_dir:
             _classify(point)
-            changed = True
-    if changed:
-        state.save(folder)
+    return state
+
+
+def _update(folder: Path) -> SweepState:
+    """view(), saved: only under the runner's lock."""
+    state = view(folder)
+    state.save(folder)
     return state
 
 
 def wait(folder: Path, poll_s: float = 10.0) -> SweepState:
-    """Refresh until no point is running."""
+    """Until no point is running and no process is running the sweep; then the sweep's files brought up
+    to date (unless another runner has started meanwhile: it writes them)."""
+    from flux_cluster.launch.rundir import lock_held
+
     while True:
-        state = refresh(folder)
-        if not any(p.status == "running" for p in state.points):
-            return state
+        state = view(folder)
+        if not any(p.status == "running" for p in state.points) and not lock_held(folder / LOCK_FILE):
+            break
         time.sleep(poll_s)
+    try:
+        with _runner(folder):
+            return _update(folder)
+    except FluxClusterError:
+        return view(folder)
 
 
 def _classify(point: Point) -> None:
@@ -341,9 +515,21 @@ def _train_figures(point: Point, run_dir: Path) -> bool:
         "samples_per_s_per_gpu": result.throughput_per_accelerator,
         "mfu": result.mfu,
         "world_size": result.accelerators,
+        "nodes": _run_nodes(run_dir),
         "wall_s": result.minutes * 60 if result.minutes else None,
     }
     return True
+
+
+def _run_nodes(run_dir: Path) -> int | None:
+    """The node count the run was launched with (its config.yaml), None if unreadable."""
+    from flux_cluster.launch.rundir import CONFIG_FILE, read_run_config
+
+    try:
+        system, _ = read_run_config(run_dir / CONFIG_FILE)
+    except (OSError, ValueError, KeyError, TypeError, FluxClusterError):
+        return None
+    return system.nodes
 
 
 def _failure(run_dir: Path, states: dict[str, str]) -> tuple[str, str]:
@@ -363,7 +549,3 @@ def _failure(run_dir: Path, states: dict[str, str]) -> tuple[str, str]:
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith("error")]
     reason = lines[-1] if lines else ", ".join(sorted(set(states.values())))
     return "failed", reason[:300]
-
-
-if TYPE_CHECKING:
-    from flux_cluster.launch.submit import LaunchRequest

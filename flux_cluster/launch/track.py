@@ -1,6 +1,7 @@
 """Follow a launched run from its run directory: its jobs' states, its log files, cancel. The CLI's
 runs/status/logs/cancel and the API's Run both use these."""
 
+import time
 from pathlib import Path
 
 from flux_cluster.errors import FluxClusterError
@@ -32,6 +33,27 @@ def is_final(state: str) -> bool:
     from flux_cluster.launch import slurm
 
     return slurm.is_final(state) or state.startswith(("FAILED", "NOT SUBMITTED"))
+
+
+def wait_run(
+    run_dir: Path, record: RunRecord, poll_s: float = 5.0, timeout_s: float | None = None
+) -> dict[str, str]:
+    """Block until every job of the run has ended; their final states (run_states). timeout_s: a
+    FluxClusterError if they have not ended by then."""
+    if record.launcher == "slurm":
+        from flux_cluster.launch import slurm
+
+        return slurm.wait_until_final(record.job_ids, poll_s, timeout_s=timeout_s)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        record = RunRecord.load(run_dir) or record  # the local runner records its exit code at the end
+        states = run_states(run_dir, record)
+        if all(is_final(state) for state in states.values()):
+            return states
+        if deadline is not None and time.monotonic() > deadline:
+            now = ", ".join(sorted(set(states.values())))
+            raise FluxClusterError(f"{run_dir}: still {now} after {timeout_s:g} s")
+        time.sleep(poll_s)
 
 
 def log_files(run_dir: Path, record: RunRecord, stderr: bool = False) -> list[Path]:

@@ -84,13 +84,12 @@ class SweepReport:
 
 
 def load_for_report(folder: Path) -> SweepState:
-    """The sweep's state, its running points read again from their run directories when the sweep
-    module offers that (they may have ended since sweep.json was written), else as sweep.json has it."""
-    try:
-        from flux_cluster.launch.sweep import refresh
-    except ImportError:
-        return SweepState.load(folder)
-    return refresh(folder)
+    """The sweep's state, its running points read again from their run directories (they may have ended
+    since sweep.json was written). Read only: a sweep's files are written by its runner alone, so a report
+    never races a running sweep."""
+    from flux_cluster.launch.sweep import view
+
+    return view(folder)
 
 
 def sweep_report(folder: Path) -> SweepReport:

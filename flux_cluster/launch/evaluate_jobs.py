@@ -1,0 +1,70 @@
+"""flux-cluster evaluate --submit: the evaluation as one Slurm job (one GPU) that runs the same command from a
+file in its run directory. Everything is checked here first; every path the job reads is absolute and
+mounted (read-only but where it writes), and the arguments never go into the script."""
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flux_cluster.evaluate.run import EvalOptions
+    from flux_cluster.launch.submit import Launched
+
+
+def submit_evaluation(
+    options: "EvalOptions",
+    argv: Callable[["EvalOptions"], list[str]],
+    system: str,
+    sets: list[str],
+    runs_dir: Path | None,
+    dry_run: bool,
+) -> "Launched":
+    """argv: the command line that reproduces options (the job runs it), given them with absolute paths."""
+    from flux_cluster.atomic import write_atomic
+    from flux_cluster.config import load_system
+    from flux_cluster.evaluate import ARGS_FILE
+    from flux_cluster.evaluate.clip import clip_mount, find_clip
+    from flux_cluster.evaluate.job import JOB_MINUTES, evaluate_job_system
+    from flux_cluster.evaluate.run import output_paths, pipeline_folder, read_prompts
+    from flux_cluster.evaluate.target import resolve_target
+    from flux_cluster.launch.plan import make_plan
+    from flux_cluster.launch.rundir import create_run_dir, runs_root
+    from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
+
+    config = load_system(system, sets).config
+    require_slurm(config)
+    target = resolve_target(options.target, options.exp)
+    pipeline = pipeline_folder(target, options.model)
+    read_prompts(options.prompts)
+    clip = find_clip(pipeline, options.clip)
+    output, _grid = output_paths(target, options.output)
+    absolute = dataclasses.replace(
+        options,
+        target=options.target.absolute(),
+        model=pipeline.absolute(),
+        prompts=options.prompts.absolute() if options.prompts else None,
+        clip=clip.absolute(),
+        output=None if target.run_dir else output,
+    )
+    # a CLIP from the Hugging Face cache: its snapshot's files link into the repository's blobs/
+    clip_source = clip_mount(clip.absolute())
+    read_only = [absolute.target, absolute.model, clip_source, absolute.prompts, target.data_root]
+    mounts = [f"{p}:{p}:ro" for p in read_only if p is not None]
+    writable = (target.run_dir / "results") if target.run_dir else output.parent
+    mounts.append(f"{writable.absolute()}:{writable.absolute()}")
+    for mount in mounts:
+        check_slurm_path(Path(mount.split(":")[0]))  # they become mount specifications: no ':' or ','
+    config = evaluate_job_system(config, tuple(mounts))
+    root = runs_root(runs_dir, config).absolute()
+    check_slurm_path(root)
+    if not dry_run:
+        writable.mkdir(parents=True, exist_ok=True)  # a container mount's source must exist
+    run_dir = create_run_dir(root, "evaluate", config.name)
+    plan = make_plan(config, "evaluate", run_dir, "evaluate", 0, extra_minutes=JOB_MINUTES)
+
+    def write_args(run_dir: Path) -> None:
+        write_atomic(run_dir / ARGS_FILE, json.dumps({"args": argv(absolute)}, indent=1) + "\n")
+
+    return launch_plan(plan, dry_run=dry_run, prepare=write_args)
