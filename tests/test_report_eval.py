@@ -188,10 +188,19 @@ def test_evaluations_outside_runs_are_found_and_grouped_by_system(tmp_path: Path
     assert aws.warnings == [f"{root / 'misnamed.json'}: grid: got 'eval_0_grid.png', expected null or "
                             "misnamed_grid.png (the grid beside the JSON)"]  # fmt: skip
     assert [e.name for e in gcp.evals] == ["eval.json"] and gcp.clip_score_base == 33.0 and gcp.warnings == []
+    # What 1,000 images cost on one GPU: --price for aws_p5, the shipped system's own price for gcp.
+    assert aws.inference_usd_per_1k_images == pytest.approx(1000 / aws.inference_images_per_s / 3600 * 6.0)
+    from flux_cluster.config import load_system
+
+    gcp_price = load_system("gcp_a3_highgpu").config.price_per_gpu_hour
+    assert gcp_price and gcp.price_per_gpu_hour == gcp_price
+    per_1k = 1000 / gcp.inference_images_per_s / 3600 * gcp_price
+    assert gcp.inference_usd_per_1k_images == pytest.approx(per_1k)
     assert gcp.accelerator_model == "NVIDIA H100 80GB HBM3" and gcp.evals[0].grid_data_uri
     assert loose.path == str(root) and loose.evals == []
     assert loose.warnings == [f"{root / 'broken.json'}: schema: got 2, expected 1; skipped"]
     assert nosys.path == str(root / "nosys") and [e.name for e in nosys.evals] == ["eval.json"]
+    assert nosys.price_per_gpu_hour is None and nosys.inference_usd_per_1k_images is None
 
     markdown = render_markdown(groups)
     assert "| system | benchmark |" not in markdown  # no MLPerf group, so no MLPerf table
@@ -317,7 +326,8 @@ def test_side_by_side_two_systems_with_a_price_per_system(
     side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
     b_row, a_row = side[2], side[3]  # cheapest first
     assert b_row.startswith("| b | lora | 4 | H100 | 1 | 20.00 | 150.0 |")
-    assert b_row.endswith("| 1.33 | 0.67 | 0.67 | measured | 0.6 | 0.72 | 30.25 | 31.5 |")
+    # ... and 1,000 images at 1/0.6 images/s on one GPU at $0.5/GPU-hour: $0.0833
+    assert b_row.endswith("| 1.33 | 0.67 | 0.67 | measured | 0.6 | 0.72 | 0.08333 | 30.25 | 31.5 |")
     assert (
         a_row.startswith("| a | lora | 8 | H100 | 2 | 32.00 | 100.0 |") and "| 4.27 | 6.40 | 12.80 |" in a_row
     )

@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from flux_cluster.errors import FluxClusterError
 from flux_cluster.mlperf_rules import QUALITY_TARGET
 from flux_cluster.report.compliance import check_logs
 from flux_cluster.report.discover import DEFAULT_RULESET, GroupSource, find_inputs
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, read_eval, read_evals
 from flux_cluster.report.finetune import read_fine_tuning
 from flux_cluster.report.harvest import RunResult, harvest_run
-from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, _eval_figures, score_group
+from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, eval_figures, score_group
 
 
 @dataclass(frozen=True)
@@ -144,10 +145,27 @@ def evaluation_groups(
             accelerators=None,
             ruleset=None,
             runs=[],
-            price_per_gpu_hour=options.prices.get(system or "", options.price),
+            price_per_gpu_hour=_price(options, system),
             warnings=warnings,
         )
         if evals:
-            _eval_figures(group, evals)
+            eval_figures(group, evals)
         groups.append(group)
     return sorted(groups, key=lambda g: (g.system is None, g.system or "", g.path))
+
+
+def _price(options: Options, system: str | None) -> float | None:
+    """--price for the system an evaluation names, else that system's price_per_gpu_hour where it is a
+    known system's plain name (a name from a results file never reaches the file system as a path)."""
+    import re
+
+    from flux_cluster.config import load_system
+    from flux_cluster.config.schema import PLAIN_NAME_PATTERN
+
+    price = options.prices.get(system or "", options.price)
+    if price is not None or not system or not re.fullmatch(PLAIN_NAME_PATTERN, system):
+        return price
+    try:
+        return load_system(system).config.price_per_gpu_hour
+    except FluxClusterError:
+        return None

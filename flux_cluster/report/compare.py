@@ -23,6 +23,7 @@ COMPARED = [
     ("inference p50 s", "inference_p50_s"),
     ("inference p99 s", "inference_p99_s"),
     ("inference images/s", "inference_images_per_s"),
+    ("inference USD per 1k images", "inference_usd_per_1k_images"),
     ("CLIP score base", "clip_score_base"),
     ("CLIP score tuned", "clip_score_tuned"),
 ]

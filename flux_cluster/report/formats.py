@@ -118,6 +118,7 @@ FINE_TUNING_COLUMNS = [
     # flux-cluster evaluate's figures (issue 15): inference speed and quality beside training and cost
     Column("p50 s", lambda g: _evaluated(g, g.inference_p50_s), "{}"),
     Column("p99 s", lambda g: _evaluated(g, g.inference_p99_s), "{}"),
+    Column("USD per 1k images", lambda g: _evaluated(g, g.inference_usd_per_1k_images), "{}"),
     Column("CLIP base", lambda g: _evaluated(g, g.clip_score_base), "{}"),
     Column("CLIP tuned", lambda g: _evaluated(g, g.clip_score_tuned), "{}"),
 ]
@@ -254,8 +255,9 @@ CSV_FIELDS = [
     "samples_to_converge", "gpu_hours", "price_per_gpu_hour", "cost_usd", "throughput_samples_per_s",
     "throughput_per_accelerator", "mfu", "train_mode", "minutes_basis", "total_gpu_hours", "total_cost_usd",
     "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
-    "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s", "clip_score_base",
-    "clip_score_tuned", "val_loss_base", "val_loss_tuned", "evals_meaningful",
+    "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s",
+    "inference_usd_per_1k_images", "clip_score_base", "clip_score_tuned", "val_loss_base", "val_loss_tuned",
+    "evals_meaningful",
 ]  # fmt: skip
 
 

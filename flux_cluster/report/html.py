@@ -109,6 +109,12 @@ def _inference_alone(group: GroupResult) -> list[Answer]:
             figure(group.inference_images_per_s),
             "peak memory " + (f"{max(memory):,.1f} GB" if memory else "not measured"),
         ),
+        Answer(
+            "USD per 1,000 images",
+            figure(group.inference_usd_per_1k_images),
+            "one accelerator at "
+            + ("no price" if group.price_per_gpu_hour is None else f"${group.price_per_gpu_hour:g}/GPU-hour"),
+        ),
         Answer("CLIP score base", figure(group.clip_score_base), "mean over its evaluations"),
         Answer("CLIP score tuned", figure(group.clip_score_tuned), "where fine-tuned weights were evaluated"),
     ]

@@ -347,6 +347,7 @@ _SIDE_PANELS: list[tuple[str, tuple[tuple[str, str], ...]]] = [
     ("step time (ms)", (("", "step_time_ms"),)),
     ("time to train or run time (min)", (("", "mean_minutes"),)),
     ("inference s per image", (("p50", "inference_p50_s"), ("p99", "inference_p99_s"))),
+    ("inference USD per 1,000 images", (("", "inference_usd_per_1k_images"),)),
     ("CLIP score", (("base", "clip_score_base"), ("tuned", "clip_score_tuned"))),
     ("GPU-hours per run", (("", "gpu_hours"),)),
     ("USD per run", (("", "cost_usd"),)),

@@ -84,6 +84,8 @@ class GroupResult:
     the base model's; CLIP scores and validation losses of both."""
     inference_p99_s: float | None = None
     inference_images_per_s: float | None = None
+    inference_usd_per_1k_images: float | None = None
+    """What 1,000 images cost at the inference rate on one accelerator at the group's price."""
     clip_score_base: float | None = None
     clip_score_tuned: float | None = None
     val_loss_base: float | None = None
@@ -215,7 +217,7 @@ def score_group(
     if group.fine_tuning:
         _fine_tuning_figures(group)
     if evals:
-        _eval_figures(group, evals)
+        eval_figures(group, evals)
     return group
 
 
@@ -228,12 +230,15 @@ def _mean(values: list[float | None]) -> float | None:
         return None
 
 
-def _eval_figures(group: GroupResult, evals: list[EvalResult]) -> None:
+def eval_figures(group: GroupResult, evals: list[EvalResult]) -> None:
     group.evals = evals
     latencies = [e.latency for e in evals]
     group.inference_p50_s = _mean([x.p50_s for x in latencies if x])
     group.inference_p99_s = _mean([x.p99_s for x in latencies if x])
     group.inference_images_per_s = _mean([x.images_per_s for x in latencies if x])
+    price = group.price_per_gpu_hour
+    if group.inference_images_per_s and price is not None:
+        group.inference_usd_per_1k_images = 1000 / group.inference_images_per_s / 3600 * price
     group.clip_score_base = _mean([e.clip_base for e in evals])
     group.clip_score_tuned = _mean([e.clip_tuned for e in evals])
     group.val_loss_base = _mean([e.val_loss_base for e in evals])
