@@ -374,7 +374,10 @@ def report(
         groups = build(where, options, progress)
         if not groups:
             places = ", ".join(str(r) for r in where)
-            raise NoResultsError(f"no MLPerf result logs (files with :::MLLOG lines) under {places}")
+            raise NoResultsError(
+                "no MLPerf result logs (files with :::MLLOG lines) and no flux-cluster evaluate results "
+                f"under {places}"
+            )
         return groups
 
     if compare is None:
