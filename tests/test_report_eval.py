@@ -367,3 +367,16 @@ def test_the_single_machine_cloud_systems_load_and_are_listed(cli: CliRunner, wo
         assert name in listing.output and f"{config.price_per_gpu_hour:.2f}" in listing.output
     bad = cli.invoke(app, ["systems", "show", "aws_p5", "--set", "price_date=" + "x" * 41])
     assert bad.exit_code == 2 and "price_date" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_system_name_in_an_eval_file_never_opens_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The price of an evaluation's system comes from a known system only: a results file naming a path
+    (here a YAML beside the working directory) is not read."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evil.yaml").write_text("extends: local\nprice_per_gpu_hour: 99\n")
+    write_alone(tmp_path / "evals" / "eval.json", system="evil.yaml")
+    (group,) = build([tmp_path / "evals"], Options(check=False))
+    assert group.system == "evil.yaml" and group.price_per_gpu_hour is None
+    assert group.inference_usd_per_1k_images is None

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flux_cluster.cli import app
 from flux_cluster.report import compliance, harvest
-from flux_cluster.report.discover import find_groups
+from flux_cluster.report.discover import find_inputs
 from flux_cluster.report.formats import print_tables, render_csv, render_markdown
 from flux_cluster.report.harvest import RunResult, harvest_run
 from flux_cluster.report.scoring import GroupResult
@@ -190,7 +190,7 @@ def test_a_yaml_alias_bomb_in_a_run_config_is_refused(sample: Path, tmp_path: Pa
     (run_dir / "config.yaml").write_text(
         "\n".join(bomb) + "\nsystem: {name: *f, nodes: 1, gpus_per_node: 8}\n"
     )
-    (group,), peak = _peak(find_groups, [run_dir])
+    ((group,), _), peak = _peak(find_inputs, [run_dir])
     assert peak < 4e6, f"{peak / 1e6:.1f} MB"
     assert group.system is None and group.accelerators is None
     (warning,) = group.warnings  # the words are the config loader's

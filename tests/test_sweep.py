@@ -430,3 +430,35 @@ def test_a_sweep_without_varied_micro_batch_or_nodes_has_no_plots(cli: CliRunner
     result = cli.invoke(app, ["report", str(folder), "--format", "html"])
     assert result.exit_code == 0 and "<svg" not in result.stdout and "compile" in result.stdout
     assert api.open_sweep(folder).best()["train.compile"] == "true"
+
+
+def test_arrays_wait_only_as_far_as_max_parallel_needs() -> None:
+    """Four arrays of 3 points under --max-parallel 8: two run side by side, each later one waits for the
+    oldest still in the window; an array wider than the window (its own %N) waits for all before it;
+    no window, no waiting."""
+    from flux_cluster.launch.sweep import make_room
+
+    in_slurm: list[tuple[str, int]] = []
+    waits = []
+    for array in ("a", "b", "c", "d"):
+        waits.append(make_room(in_slurm, 3, 8))
+        in_slurm.append((array, 3))
+    assert waits == [[], [], ["a"], ["b"]] and in_slurm == [("c", 3), ("d", 3)]
+    assert make_room(in_slurm, 8, 8) == ["c", "d"] and in_slurm == []
+    assert make_room([("a", 5)], 5, None) == []
+
+
+@pytest.mark.parametrize(
+    ("numbers", "message"),
+    [
+        ({"max_parallel": 0}, "--max-parallel: got 0, expected at least 1"),
+        ({"steps": 0}, "--steps: got 0, expected at least 1"),
+        ({"warmup_steps": -1}, "--warmup-steps: got -1, expected at least 0"),
+    ],
+)
+def test_the_api_refuses_bad_sweep_numbers_before_writing_anything(
+    numbers: dict[str, int], message: str, workdir: Path
+) -> None:
+    with pytest.raises(FluxClusterError, match=message):
+        api.sweep("local", {"train.micro_batch_size": [1]}, synthetic=True, name="numbers", **numbers)
+    assert not (workdir / "runs").exists()

@@ -148,6 +148,8 @@ def test_a_systems_per_workload_values_apply_to_that_workload_only(tmp_path: Pat
     # --set wins over the section, and the section itself can be set
     assert plan_for("local", "train.learning_rate=1e-2").learning_rate == 1e-2
     assert plan_for("local", "benchmarks.flux1.warmup_steps=3").warmup_steps == 3
+    with pytest.raises(FluxClusterError, match="no preset for 16"):  # cleared: batch 16 has no rate then
+        plan_for("local", "benchmarks={}")
     resolved = load_system("local")
     assert resolved.source_of("train.learning_rate") == "configs/systems/local.yaml (benchmarks.flux1)"
 

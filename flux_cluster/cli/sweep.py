@@ -11,6 +11,7 @@ from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
     from flux_cluster.api import Sweep
+    from flux_cluster.launch.sweep_state import SweepState
 
 
 def sweep(
@@ -110,7 +111,7 @@ def sweep(
         "--steps": steps,
     }
     if resume is not None:
-        given = [flag for flag, value in chosen.items() if value not in (None, False, [])]
+        given = [flag for flag, value in chosen.items() if _given(value)]
         if given:
             raise FluxClusterError(
                 f"--resume keeps the sweep's own grid and options: give no {', '.join(given)} "
@@ -133,13 +134,18 @@ def sweep(
             **{key: value for key, value in optional.items() if value is not None},
         )
     state = handle.wait() if wait else handle.state()
-    _print_summary(handle)
+    _print_summary(handle, state)
     raise typer.Exit(1 if any(p.status == "failed" for p in state.points) else 0)
 
 
-def _print_summary(handle: "Sweep") -> None:
-    from flux_cluster.launch.sweep_state import SUMMARY_FILE
-    from flux_cluster.report.sweep import print_sweep
+def _given(value: object) -> bool:
+    """An option set on the command line: not its default None/False/[] (0 is a value: 0 == False)."""
+    return value is not None and value is not False and value != []
 
-    print_sweep(handle.report(), cli_console())
+
+def _print_summary(handle: "Sweep", state: "SweepState") -> None:
+    from flux_cluster.launch.sweep_state import SUMMARY_FILE
+    from flux_cluster.report.sweep import build_report, print_sweep
+
+    print_sweep(build_report(handle.folder, state), cli_console())  # the state the exit code is from
     typer.echo(f"wrote {handle.folder / SUMMARY_FILE}", err=True)

@@ -370,7 +370,7 @@ def _select_benchmark(leaves: dict[str, Any], sources: dict[str, str], benchmark
     for key in [k for k in leaves if k == "benchmarks" or k.startswith("benchmarks.")]:
         value, source = leaves.pop(key), sources.pop(key)
         parts = key.split(".", 2)
-        if len(parts) == 2 and value in ({}, None):  # 'finetune: {}' clears what a base file set
+        if len(parts) <= 2 and value in ({}, None):  # 'finetune: {}' (or 'benchmarks: {}') clears a base's
             continue
         if len(parts) < 3 or parts[1] not in known or parts[2].split(".")[0] not in TrainConfig.model_fields:
             raise FluxClusterError(

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -105,6 +105,14 @@ def create_sweep(request: SweepRequest) -> tuple[Path, SweepState]:
         raise FluxClusterError("--synthetic: only the throughput job takes it")
     if request.submit and request.here:
         raise FluxClusterError("--submit and --here: choose one (Slurm jobs, or this machine)")
+    # the CLI's options check these too; the API comes here directly
+    for option, value, least in (
+        ("--max-parallel", request.max_parallel, 1),
+        ("--steps", request.steps, 1),
+        ("--warmup-steps", request.warmup_steps, 0),
+    ):
+        if value is not None and value < least:
+            raise FluxClusterError(f"{option}: got {value}, expected at least {least}")
     grid = request.grid
     combos = list(product(*grid.values()))
     if len(combos) > MAX_POINTS:
@@ -320,14 +328,21 @@ def _queue(
     folder: Path, state: SweepState, todo: list[Point], console: "Console", dependency: str | None
 ) -> SweepState:
     """Write every point's run directory, then submit the points that ask for the same allocation as one
-    array. With --max-parallel N each array runs at most N tasks at once and waits (afterany) for the
-    array queued before it (the first new one for every array still queued from an earlier submission),
-    so at most N points are ever in Slurm at once. A point that cannot be prepared, or whose array sbatch
-    refused, is failed with the reason and takes no place in the chain."""
+    array. With --max-parallel N each array runs at most N tasks at once (%N), and an array waits
+    (afterany) for the oldest arrays queued before it (those of an earlier submission included) only as
+    far as needed to keep at most N points running: arrays that fit in N together run side by side. A
+    point that cannot be prepared, or whose array sbatch refused, is failed with the reason and takes no
+    place in the window."""
     from flux_cluster.launch.render import allocation
     from flux_cluster.launch.submit import plan_launch, write_run
 
-    earlier = list(dict.fromkeys(_base_id(p) for p in state.points if p.status == "running" and p.job_ids))
+    window = state.max_parallel
+    # (array id, how many of its tasks may run at once), oldest first: what a new array may have to wait for
+    running: list[tuple[str, int]] = []
+    for point in state.points:
+        if point.status == "running" and point.job_ids:
+            running.append((_base_id(point), 1))
+    in_slurm = _merge_counts(running, window)
     groups: dict[tuple[str, ...], list[tuple[Point, JobPlan]]] = {}
     for point in todo:
         _reset(point)
@@ -340,17 +355,20 @@ def _queue(
         point.run_dir, point.launcher = str(plan.run_dir), "slurm"
         groups.setdefault(allocation(plan), []).append((point, plan))
     state.save(folder)
-    window = state.max_parallel
-    previous: str | None = None
     arrays = 0
     for group in groups.values():
         after = [dependency] if dependency else []
-        chain = [previous] if previous else earlier
-        if window and chain:
-            after.append("afterany:" + ":".join(chain))
+        width = min(len(group), window) if window else len(group)
+        before = list(in_slurm)
+        waits = make_room(in_slurm, width, window)
+        if waits:
+            after.append("afterany:" + ":".join(waits))
         base_id = _submit_array(folder, state, group, ",".join(after) or None, console)
-        if base_id is not None:
-            previous, arrays = base_id, arrays + 1
+        if base_id is None:  # refused: it takes no place, and what it would have waited for still runs
+            in_slurm[:] = before
+        else:
+            in_slurm.append((base_id, width))
+            arrays += 1
         state.save(folder)
     queued = sum(1 for p in todo if p.job_ids)
     limit = f", at most {window} at once" if window else ""
@@ -402,14 +420,17 @@ def _submit_array(
             point.status, point.error = "failed", str(exc)
         return None
     submitted = time.time()
-    for task, (point, point_plan) in enumerate(group):
-        job_id = f"{base_id}_{task}"
+    for task, (point, _) in enumerate(group):  # recorded at once: a --resume must never queue them again
+        point.job_ids, point.status = [f"{base_id}_{task}"], "running"
+    state.save(folder)
+    for point, point_plan in group:
+        (job_id,) = point.job_ids
         RunRecord(launcher="slurm", job_ids=[job_id], submitted_at=submitted).save(point_plan.run_dir)
         for stream in (False, True):  # the task's output, where 'flux-cluster logs RUN' looks for it
             target = slurm.log_path(job_id, plan.slurm_dir, stream)
             link = slurm.log_path(job_id, point_plan.slurm_dir, stream)
-            link.symlink_to(os.path.relpath(target, link.parent))
-        point.job_ids, point.status = [job_id], "running"
+            with suppress(FileExistsError):
+                link.symlink_to(os.path.relpath(target, link.parent))
     throttle = f", {plan.throttle} at a time" if plan.throttle else ""
     after = f", after {dependency}" if dependency else ""
     console.print(
@@ -420,6 +441,23 @@ def _submit_array(
         soft_wrap=True,
     )
     return base_id
+
+
+def make_room(in_slurm: list[tuple[str, int]], width: int, window: int | None) -> list[str]:
+    """The arrays (oldest first, taken out of in_slurm) that a new array running width tasks at once must
+    wait for, so that no more than window points run together; none without a window."""
+    waits = []
+    while window and in_slurm and sum(n for _, n in in_slurm) + width > window:
+        waits.append(in_slurm.pop(0)[0])
+    return waits
+
+
+def _merge_counts(tasks: list[tuple[str, int]], window: int | None) -> list[tuple[str, int]]:
+    """(array id, tasks) summed per array in first-seen order, each at most the window (its %N)."""
+    counts: dict[str, int] = {}
+    for array, n in tasks:
+        counts[array] = counts.get(array, 0) + n
+    return [(array, min(n, window) if window else n) for array, n in counts.items()]
 
 
 def _base_id(point: Point) -> str:

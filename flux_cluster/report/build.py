@@ -157,13 +157,11 @@ def evaluation_groups(
 def _price(options: Options, system: str | None) -> float | None:
     """--price for the system an evaluation names, else that system's price_per_gpu_hour where it is a
     known system's plain name (a name from a results file never reaches the file system as a path)."""
-    import re
-
     from flux_cluster.config import load_system
-    from flux_cluster.config.schema import PLAIN_NAME_PATTERN
+    from flux_cluster.config.loader import known_systems
 
     price = options.prices.get(system or "", options.price)
-    if price is not None or not system or not re.fullmatch(PLAIN_NAME_PATTERN, system):
+    if price is not None or not system or system not in known_systems():
         return price
     try:
         return load_system(system).config.price_per_gpu_hour

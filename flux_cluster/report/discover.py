@@ -65,11 +65,6 @@ class GroupSource:
     warnings: list[str] = field(default_factory=list)
 
 
-def find_groups(roots: list[Path]) -> list[GroupSource]:
-    """Every group under the given files or directories, each once, in path order."""
-    return find_inputs(roots)[0]
-
-
 def find_inputs(roots: list[Path]) -> tuple[list[GroupSource], list[Path]]:
     """Every group under the given files or directories, each once, in path order; and the evaluate
     results found outside a run's results/ (each once, in path order)."""

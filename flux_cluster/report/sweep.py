@@ -144,7 +144,7 @@ def _rank(row: dict[str, Any]) -> tuple[int, int]:
 
 def _node_count(folder: Path, point: Point) -> int:
     """The grid's nodes value, else the run's record (a throughput record says how many), else 1."""
-    value = point.values[NODES] if NODES in point.values else point.result.get("nodes", 1)
+    value = point.values[NODES] if NODES in point.values else point.result.get("nodes") or 1
     if isinstance(value, str) and value.strip().isdecimal():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -69,6 +69,8 @@ def validation_loss(
     of val can be a batch shorter than another's (or empty). A rank that has run out repeats its last
     batch, or ``spare()`` if it had none, uncounted, until every rank is done."""
     distributed = dist.is_available() and dist.is_initialized()
+    if distributed and spare is None and dist.get_world_size() > 1:  # on every rank, before any collective
+        raise ValueError("validation on several ranks needs spare(): a share of val can be empty")
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of per-sample losses, samples)
     remaining = iter(batches)
     last: object | None = None
@@ -84,8 +86,7 @@ def validation_loss(
         counted = batch is not None
         if batch is None:
             if last is None:
-                if spare is None:
-                    raise ValueError("this rank has no val batch to keep step with the others")
+                assert spare is not None
                 last = spare()
             batch = last
         last = batch
