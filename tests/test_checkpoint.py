@@ -132,10 +132,10 @@ AGREEMENT = """
 import json, os, sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.fsdp import fully_shard
+from flux_cluster.dist import exit_rank
 from flux_cluster.training.checkpoint import Checkpointer
 folder = Path(sys.argv[1])
-# a file rendezvous: no TCP store on rank 0 that the other rank's teardown still talks to after rank 0 left
-rendezvous = f"file://{folder.parent / 'rendezvous'}"
+rendezvous = f"file://{folder.parent / 'rendezvous'}"  # no port to pick
 dist.init_process_group("gloo", init_method=rendezvous, rank=int(os.environ["RANK"]), world_size=2)
 rank = dist.get_rank()
 checkpoints = Checkpointer(folder, keep=3, rank=rank, world_size=2)
@@ -153,6 +153,7 @@ chosen, skipped = checkpoints.choose()
 print(json.dumps({"rank": rank, "chosen": chosen.name, "skipped": skipped}), flush=True)
 dist.barrier()
 dist.destroy_process_group()
+exit_rank(0)  # as the jobs end: FSDP's process groups outlive destroy_process_group (flux_cluster/dist.py)
 """
 
 

@@ -24,6 +24,7 @@ import json, sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from flux_cluster.dist import exit_rank
 from flux_cluster.training.checkpoint import Checkpointer
 from flux_cluster.training.optimizers import PRODIGY, build_optimizer
 
@@ -102,6 +103,7 @@ for name in ("adamw", "adamw8bit", "prodigy"):
     report[name] = result
 (folder / f"rank{rank}.json").write_text(json.dumps(report))
 dist.destroy_process_group()
+exit_rank(0)  # as the jobs end: FSDP's process groups outlive destroy_process_group (flux_cluster/dist.py)
 """
 
 
