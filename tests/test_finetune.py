@@ -320,11 +320,27 @@ def test_full_fine_tuning_stopped_by_sigusr1_resumes_and_keeps_the_best_weights(
     assert (interrupted / "results" / "best_0").is_dir()  # the first evaluation's, before the stop
     (stopped_at,) = (interrupted / "checkpoints" / "exp_0").glob("step_*")
     carried = json.loads((stopped_at / STATE_FILE).read_text())["clock"]  # the first attempt's time
-    assert "resumed from" in finish(start_ranks(interrupted))
+    # The first attempt recorded its time at each progress line, none past the checkpoint it stopped with.
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    recorded = [r["clock"]["train_seconds"] for r in records if "clock" in r]
+    assert recorded and recorded == sorted(recorded) and recorded[-1] <= carried["train_seconds"]
+    assert carried["peak_memory_gb"] > 0 and carried["lost_seconds"] == 0
+    # As if the attempt had gone on 100 s past its checkpoint and been killed mid-write (no signal, so
+    # no checkpoint): the resume counts those 100 s as time paid for, not as training throughput.
+    with metrics_file.open("a") as out:
+        out.write(
+            json.dumps({"clock": {"train_seconds": carried["train_seconds"] + 100}}) + '\n{"clock": {"tr'
+        )
+    resumed = finish(start_ranks(interrupted))
+    assert "resumed from" in resumed and "100.0 s of them redone" in resumed
 
     def evals(run_dir: Path) -> dict[int, float]:
         lines = (run_dir / "results" / "metrics_0.jsonl").read_text().splitlines()
+        lines = [line for line in lines if line != '{"clock": {"tr']  # the "killed" attempt's last
         return {r["step"]: r["eval_loss"] for r in map(json.loads, lines) if "eval_loss" in r}
+
+    # The killed attempt's partial line stays a line of its own: the next attempt's records are whole.
+    assert '{"clock": {"tr' in metrics_file.read_text().splitlines()
 
     summary = summary_of(interrupted)
     assert sorted(evals(interrupted)) == [2, 4, 6, 8] and summary["epochs"] == 4
@@ -343,7 +359,9 @@ def test_full_fine_tuning_stopped_by_sigusr1_resumes_and_keeps_the_best_weights(
     assert 0 < carried["train_seconds"] <= first + 0.01 and 0 < carried["timed_steps"] < 7
     assert summary["attempts"] == 2 and summary["steps"] == 8 and summary["timed_steps"] == 6
     last = run_seconds(interrupted / "results" / "result_0.txt")
-    assert summary["train_seconds"] >= carried["train_seconds"] + last - 0.01
+    assert summary["lost_seconds"] == pytest.approx(100)
+    assert summary["train_seconds"] >= carried["train_seconds"] + 100 + last - 0.01
+    assert summary["peak_memory_gb"] >= carried["peak_memory_gb"]  # every attempt's
     assert summary["gpu_hours"] == pytest.approx(summary["train_seconds"] / 3600 * 2)
     assert summary["cost_usd"] == pytest.approx(summary["gpu_hours"] * 2.5)
     # ... and so are the report's time, GPU-hours and cost (the result log alone has the last attempt).
@@ -353,6 +371,32 @@ def test_full_fine_tuning_stopped_by_sigusr1_resumes_and_keeps_the_best_weights(
     assert group["runs"][0]["minutes"] == pytest.approx(summary["train_seconds"] / 60)
     assert group["gpu_hours"] == pytest.approx(summary["gpu_hours"])
     assert group["cost_usd"] == pytest.approx(summary["cost_usd"])
+
+
+def test_a_resume_counts_the_time_a_killed_attempt_spent_past_its_checkpoint(tmp_path: Path) -> None:
+    from flux_cluster.training.loop import RunClock
+
+    checkpoint = RunClock(train_seconds=50.0, timed_seconds=40.0, timed_steps=10, peak_memory_gb=3.0)
+    metrics = tmp_path / "metrics_0.jsonl"
+    assert checkpoint.after_loss(metrics) == checkpoint  # no file: nothing to add
+    lines = [
+        {"flops_per_sample": 1.0, "world_size": 2},
+        {"step": 1, "samples": 8, "loss": 1.0},
+        {"clock": {"train_seconds": 30.0}},  # before the checkpoint: its time is in the clock already
+        {"step": 4, "samples": 32, "eval_loss": 0.9, "train_seconds": 61.5},  # evaluations record it too
+        {"clock": {"train_seconds": 60.0}},
+        {"clock": {"train_seconds": float("nan")}},
+        {"clock": {"train_seconds": "soon"}},
+    ]
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"clock": {"train_sec')
+    resumed = checkpoint.after_loss(metrics)
+    assert resumed.train_seconds == 61.5 and resumed.lost_seconds == pytest.approx(11.5)
+    assert (resumed.timed_seconds, resumed.timed_steps, resumed.peak_memory_gb) == (40.0, 10, 3.0)
+    # An attempt stopped by a signal checkpointed after its last record: nothing lost. Losses add up, and
+    # the peak memory is the highest attempt's.
+    assert RunClock(train_seconds=70.0).after_loss(metrics).lost_seconds == 0
+    both = resumed + RunClock(1.0, 1.0, 1, 2.0, 5.0)
+    assert (both.train_seconds, both.lost_seconds, both.peak_memory_gb) == (62.5, pytest.approx(13.5), 5.0)
 
 
 def test_the_schedule_evaluates_every_epoch_and_every_n_steps_and_ends_after_the_epochs(

@@ -1,15 +1,16 @@
 """A fine-tuning run's metrics_<i>.jsonl, streamed once, into the figures its log does not give.
 
 The training loop writes a header line (model FLOPs per sample, world size), a line per step, a line per
-evaluation ({"step", "samples", "eval_loss", "epoch", "train_seconds"}) and, when the run ends, a summary
-line ({"summary": {...}}). A run killed early has no summary: its figures then come from the evaluation
-and step lines, else from the log.
+evaluation ({"step", "samples", "eval_loss", "epoch", "train_seconds"}), the run's time at each progress
+line ({"clock": {"train_seconds"}}) and, when the run ends, a summary line ({"summary": {...}}). A run
+killed early has no summary: its figures then come from the evaluation and step lines, else from the log.
 
 The summary covers the whole run: a run stopped and resumed carries its training time in its checkpoints,
 so its summary's train_seconds and images/s count every attempt (summary.attempts), while its result log
 (run_start to run_stop) has the last attempt only (the earlier ones' are in results/interrupted/). A
 resumed run's minutes, which the report's GPU-hours and cost come from, are therefore its summary's
-train_seconds.
+train_seconds. They include the time an attempt killed without a checkpoint spent past its last one (up to
+its last progress line; summary.lost_seconds): paid for, then redone.
 
 The file comes from an untrusted folder: it is read in bounded chunks (harvest's reader, lines over
 MAX_LINE_BYTES skipped), and every oddity is one warning line naming the file, never an exception.
@@ -33,8 +34,8 @@ from flux_cluster.report.harvest import (
 )
 
 _NUMBERS = (
-    "images_per_s", "step_time_ms", "train_seconds", "epochs", "best_eval_loss", "final_eval_loss",
-    "peak_memory_gb",
+    "images_per_s", "step_time_ms", "train_seconds", "lost_seconds", "epochs", "best_eval_loss",
+    "final_eval_loss", "peak_memory_gb",
 )  # fmt: skip
 _COUNTS = ("steps", "samples", "best_step", "world_size")
 MAX_OPTIMIZER_CHARS = 200

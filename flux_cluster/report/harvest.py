@@ -80,6 +80,8 @@ class FineTuningRun:
     images_per_s: float | None = None
     step_time_ms: float | None = None
     train_seconds: float | None = None
+    lost_seconds: float | None = None
+    """Of train_seconds: time killed attempts spent past their last checkpoint (redone after the resume)."""
     epochs: float | None = None
     steps: int | None = None
     samples: int | None = None

@@ -93,17 +93,47 @@ class RunClock:
     time, throughput, GPU-hours and cost cover the whole run (up to the checkpoint it resumed from)."""
 
     train_seconds: float = 0.0
-    """Wall time of the training loop (from run_start), evaluations and checkpoints included."""
+    """Wall time of the training loop (from run_start), evaluations, checkpoints and lost_seconds
+    included: what GPU-hours and cost come from."""
     timed_seconds: float = 0.0
     """Time of the training steps alone (no evaluation): what images/s and the step time come from."""
     timed_steps: int = 0
     """The optimizer steps timed_seconds covers."""
+    lost_seconds: float = 0.0
+    """Training time after an attempt's last checkpoint, up to its last metrics record, when it ended
+    without checkpointing (killed, node lost): paid for and redone, so in train_seconds, not in throughput."""
+    peak_memory_gb: float = 0.0
+    """The highest peak memory of any rank in any attempt."""
 
     def __add__(self, other: "RunClock") -> "RunClock":
         return RunClock(
             self.train_seconds + other.train_seconds,
             self.timed_seconds + other.timed_seconds,
             self.timed_steps + other.timed_steps,
+            self.lost_seconds + other.lost_seconds,
+            max(self.peak_memory_gb, other.peak_memory_gb),
+        )
+
+    def after_loss(self, metrics_file: Path) -> "RunClock":
+        """This clock, from the checkpoint resumed from, plus the time the attempts recorded in
+        metrics_file spent past it: each progress line and evaluation records the run's time so far, on
+        the same timeline as the clock a checkpoint carries."""
+        recorded = self.train_seconds
+        if metrics_file.is_file():
+            with metrics_file.open("rb") as lines:
+                for line in lines:
+                    if b'"train_seconds"' not in line:  # most lines are steps: no JSON parse for them
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError:  # the last line of an attempt killed mid-write
+                        continue
+                    seconds = (record.get("clock") or record).get("train_seconds")
+                    if isinstance(seconds, int | float) and math.isfinite(seconds):
+                        recorded = max(recorded, seconds)
+        lost = recorded - self.train_seconds
+        return RunClock(
+            recorded, self.timed_seconds, self.timed_steps, self.lost_seconds + lost, self.peak_memory_gb
         )
 
 
@@ -218,7 +248,8 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             [tuple(e) for e in shared["evals"]],
             shared["attempt"] + 1,
             (int(best[0]), float(best[1])) if best else None,
-            RunClock(**shared.get("clock", {})),  # checkpoints from before the clock have none
+            # Checkpoints from before the clock have none. Every rank reads the (shared) run dir's file.
+            RunClock(**shared.get("clock", {})).after_loss(ctx.metrics_file),
         )
         generator.set_state(mine["generator"])
         torch.set_rng_state(mine["torch_rng"])
@@ -748,6 +779,7 @@ class _Meter:
         self.last_grad_norm = math.nan
         if info.rank == 0:
             ctx.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            _end_partial_line(ctx.metrics_file)
         # First record of each attempt: what 'flux-cluster report' needs for MFU.
         self._write(
             {
@@ -773,10 +805,19 @@ class _Meter:
         return self.carried.train_seconds + time.perf_counter() - self.started
 
     def clock(self) -> RunClock:
-        """The whole run's clock now (what a checkpoint carries), the open throughput window included."""
+        """The whole run's clock now (what a checkpoint carries), the open throughput window included. A
+        collective (the peak memory of every rank): every rank calls it."""
         window = self._window_seconds() if self.window_steps else 0.0
+        # on the device: NCCL reduces CUDA tensors only
+        memory = torch.tensor(
+            [_peak_memory_gb(self.info.device)], dtype=torch.float64, device=self.info.device
+        )
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
         return self.carried + RunClock(
-            time.perf_counter() - self.started, self.timed_s + window, self.timed_steps + self.window_steps
+            time.perf_counter() - self.started,
+            self.timed_s + window,
+            self.timed_steps + self.window_steps,
+            peak_memory_gb=memory.item(),
         )
 
     def cost(self, seconds: float) -> tuple[float, float | None]:
@@ -833,7 +874,9 @@ class _Meter:
         mfu_measured = tflops / self.measured_peak_tflops if self.measured_peak_tflops else math.nan
         data_wait_ms = self.window_data_wait / self.window_steps * 1000
         memory = _peak_memory_gb(self.info.device)
-        so_far, time_scalars = self._time_and_cost(self.train_seconds())
+        seconds = self.train_seconds()
+        so_far, time_scalars = self._time_and_cost(seconds)
+        self._write({"clock": {"train_seconds": seconds}})  # how far a killed attempt got (after_loss)
         if self.info.rank == 0:
             unit = "images/s" if self.ctx.tuning else "samples/s"  # a fine-tuning sample is one image
             print(
@@ -935,11 +978,6 @@ class _Meter:
         gbs = self.ctx.plan.global_batch_size
         images_per_s = clock.timed_steps * gbs / clock.timed_seconds if clock.timed_seconds else math.nan
         step_ms = clock.timed_seconds / clock.timed_steps * 1000 if clock.timed_steps else math.nan
-        # on the device: NCCL reduces CUDA tensors only
-        memory = torch.tensor(
-            [_peak_memory_gb(self.info.device)], dtype=torch.float64, device=self.info.device
-        )
-        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
         evals = progress.evals or []
         best_step, best_loss = progress.best or (0, math.nan)
         wall_s = clock.train_seconds
@@ -950,6 +988,7 @@ class _Meter:
             "step_time_ms": step_ms,
             "timed_steps": clock.timed_steps,  # what those two are measured over, every attempt's
             "train_seconds": wall_s,
+            "lost_seconds": clock.lost_seconds,  # of train_seconds: past a killed attempt's last checkpoint
             "gpu_hours": gpu_hours,
             "price_per_gpu_hour": price or None,
             "cost_usd": usd,
@@ -960,13 +999,15 @@ class _Meter:
             "best_eval_loss": best_loss,
             "best_step": best_step,
             "final_eval_loss": evals[-1][1] if evals else math.nan,
-            "peak_memory_gb": memory.item(),
+            "peak_memory_gb": clock.peak_memory_gb,  # every rank's, every attempt's
             "world_size": self.info.world_size,
             "optimizer": optimizer,
         }
         self._write({"summary": summary})
         cost = f", ${usd:,.2f} at ${price:g}/GPU-hour" if usd is not None else ""
         attempts = f" ({progress.attempt + 1} attempts)" if progress.attempt else ""
+        if clock.lost_seconds:
+            attempts = f" ({progress.attempt + 1} attempts, {clock.lost_seconds:,.1f} s of them redone)"
         line = (
             f"fine-tuned {summary['epochs']:g} epochs in {wall_s:,.1f} s{attempts}: {images_per_s:,.1f} "
             f"images/s, step {step_ms:,.1f} ms, best validation loss {best_loss:.4f} (step {best_step}), "
@@ -980,6 +1021,15 @@ class _Meter:
                     tb.add_scalar(f"summary/{name}", value, progress.samples)
             tb.add_text("summary", line, progress.samples)
             tb.flush()
+
+
+def _end_partial_line(path: Path) -> None:
+    """An attempt killed mid-write left a partial last line: end it, so the next record is a line."""
+    if not path.is_file():
+        return
+    with path.open("rb+") as file:
+        if file.seek(0, 2) and (file.seek(-1, 2), file.read(1))[1] != b"\n":
+            file.write(b"\n")
 
 
 def _peak_memory_gb(device: torch.device) -> float:
