@@ -73,7 +73,8 @@ def _all_gather(value: Any) -> list[Any]:
     return gathered
 
 
-def _from_rank0(value: Any) -> Any:
+def from_rank0(value: Any) -> Any:
+    """Rank 0's value on every rank (a collective)."""
     if not dist.is_initialized():
         return value
     box = [value]
@@ -132,7 +133,7 @@ class Checkpointer:
     def choose(self) -> tuple[Path | None, list[str]]:
         """Collective: the newest checkpoint that matches its manifest, agreed by all ranks, and one line
         per newer one that was skipped (set aside as .step_XXXXXXXX.rejected by rank 0)."""
-        names = _from_rank0([p.name for p in reversed(self.committed())] if self.rank == 0 else None)
+        names = from_rank0([p.name for p in reversed(self.committed())] if self.rank == 0 else None)
         skipped = []
         for name in names:
             path = self.folder / name
@@ -223,7 +224,7 @@ class Checkpointer:
                 self._prune()
             except OSError as exc:
                 error = _save_error(final, exc)
-        self._stop_if_failed([_from_rank0(error)], partial)
+        self._stop_if_failed([from_rank0(error)], partial)
         return final
 
     def _stop_if_failed(self, errors: list[str | None], partial: Path) -> None:

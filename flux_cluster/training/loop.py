@@ -34,7 +34,7 @@ from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
 from flux_cluster.jobs.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.launch.rundir import lock_repeat
 from flux_cluster.training.attention import attention_backend, probe_backend
-from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, step_of
+from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, from_rank0, step_of
 from flux_cluster.training.flops import training_flops_per_sample
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.model import (
@@ -242,14 +242,15 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
             raise SystemExit(f"error: {exc}") from None
         scheduler.load_state_dict(shared["scheduler"])
         best = shared.get("best")
+        # Checkpoints from before the clock have none. One reader of the metrics file, for every rank.
+        clock = RunClock(**shared.get("clock", {})).after_loss(ctx.metrics_file) if rank0 else None
         progress = Progress(
             shared["step"],
             shared["samples"],
             [tuple(e) for e in shared["evals"]],
             shared["attempt"] + 1,
             (int(best[0]), float(best[1])) if best else None,
-            # Checkpoints from before the clock have none. Every rank reads the (shared) run dir's file.
-            RunClock(**shared.get("clock", {})).after_loss(ctx.metrics_file),
+            from_rank0(clock),
         )
         generator.set_state(mine["generator"])
         torch.set_rng_state(mine["torch_rng"])
@@ -1028,7 +1029,10 @@ def _end_partial_line(path: Path) -> None:
     if not path.is_file():
         return
     with path.open("rb+") as file:
-        if file.seek(0, 2) and (file.seek(-1, 2), file.read(1))[1] != b"\n":
+        if file.seek(0, 2) == 0:
+            return
+        file.seek(-1, 2)
+        if file.read(1) != b"\n":
             file.write(b"\n")
 
 
