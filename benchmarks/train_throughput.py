@@ -24,8 +24,15 @@ flops.py), MFU against --peak-tflops (the datasheet's dense bf16, 989 for H100/H
 bf16 GEMM peak measured at start (peak.py), peak memory (max_memory_allocated; nan on CPU), the memory
 estimate for ours (memory.py: eager, so compiled runs should peak below it), and a split by phase from
 extra steps timed with CUDA events: data (host-to-device copy of a pinned host batch: stands for the
-loader), forward, backward, clip, optimizer. Then ours/peer samples/s wherever both ran. A case that
-runs out of memory, or fails otherwise, gets a one-line note and the run goes on.
+loader), forward, backward, clip, optimizer. Host-bound guards: the host gap (how much longer the timed
+step is than its phases' sum, in % of the step), the operators the host dispatches in one step
+(dispatch_count.py; CPU-measurable), GPU kernels per step (profiler), the host's time to issue a step
+(median and max), garbage collection in the timed steps, and graphs compiled during them. Then ratios
+of samples/s: ours and ours-fp8 over the peer, ours-fp8 over ours, wherever both ran. A case that runs
+out of memory, or fails otherwise, gets a one-line note and the run goes on; rows print as they finish
+and --json/--markdown are rewritten after each case. ours-fp8 runs once per --fp8-recipes (torchao
+tensorwise, rowwise); --gc frozen freezes what exists after warm-up out of garbage collection;
+--cases picks impl:mode pairs; --profile writes one profiled step's top operators per case (GPU).
 """
 
 import argparse
@@ -47,11 +54,12 @@ from rich.console import Console
 from rich.table import Table
 
 from flux_cluster.training.attention import attention_backend
+from flux_cluster.training.dispatch_count import count_dispatched
 from flux_cluster.training.flops import training_flops_per_sample
-from flux_cluster.training.memory import estimate_memory
+from flux_cluster.training.memory import AUTO_HEADROOM, choose_checkpointing, estimate_memory
 from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM
 from flux_cluster.training.model import build_model, init_weights, predict_velocity
-from flux_cluster.training.parallelize import make_mesh, parallelize
+from flux_cluster.training.parallelize import FP8_RECIPES, make_mesh, parallelize
 from flux_cluster.training.peak import measure_gemm_peak
 from flux_cluster.training.rectified_flow import interpolate, sample_latents
 from flux_cluster.training.workload import ModelArgs, load_workload
@@ -78,10 +86,20 @@ class Shape:
 
 @dataclass(frozen=True)
 class Case:
-    impl: str  # "ours" or "peer"
+    impl: str  # "ours", "ours-fp8" or "peer"
     micro_batch: int
     checkpointing: str
     compile: bool
+    fp8_recipe: str = ""  # ours-fp8's torchao recipe (FP8_RECIPES)
+    gc: str = "on"  # or "frozen" (run_case)
+
+    @property
+    def label(self) -> str:
+        return _label(self.impl, self.fp8_recipe, self.gc)
+
+
+def _label(impl: str, fp8_recipe: str, gc_mode: str) -> str:
+    return impl + (f"/{fp8_recipe}" if fp8_recipe else "") + (" gc-frozen" if gc_mode == "frozen" else "")
 
 
 @dataclass
@@ -90,6 +108,8 @@ class Row:
     micro_batch: int
     checkpointing: str
     compile: bool
+    fp8_recipe: str = ""
+    gc: str = "on"
     status: str = "ok"  # or "out of memory", or a one-line reason
     step_ms: float = NAN
     samples_per_s: float = NAN
@@ -103,6 +123,25 @@ class Row:
     backward_ms: float = NAN
     clip_ms: float = NAN
     optimizer_ms: float = NAN
+    host_gap_pct: float = NAN
+    """How much longer the timed step is than the sum of its phases, in % of the step: the host's share
+    when the device waits for it (launch-bound)."""
+    ops_per_step: float = NAN
+    """Operators the host dispatches in one step (dispatch_count.py)."""
+    kernels_per_step: float = NAN
+    """GPU kernels (and copies) one step runs, from the profiler; nan on CPU."""
+    host_median_ms: float = NAN
+    """The host's time to issue one timed step (median): near step_ms, the host is the limit."""
+    host_max_ms: float = NAN
+    gc_ms: float = NAN
+    """Garbage collection per timed step, and the full collections among the timed steps."""
+    full_gcs: float = NAN
+    recompiles: float = NAN
+    """Graphs torch.compile made during the timed steps (should be 0)."""
+
+    @property
+    def label(self) -> str:
+        return _label(self.impl, self.fp8_recipe, self.gc)
 
 
 @dataclass
@@ -167,6 +206,7 @@ def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
         activation_checkpointing=case.checkpointing,
         compile_blocks=case.compile,
         precision="fp8" if case.impl == "ours-fp8" else "bf16",
+        fp8_recipe=case.fp8_recipe or "tensorwise",
     )
     params = list(model.parameters())
     return Trainer(model, adamw(params, device), params, torch.bfloat16, autocast=False)
@@ -225,19 +265,64 @@ def train_step(
     mark("optimizer")
 
 
-def run_case(case: Case, shape: Shape, device: torch.device, steps: int, warmup: int) -> dict[str, float]:
-    """Seconds per step (back to back, synced once) and the median ms of each phase over as many steps."""
+class GcClock:
+    """Time Python's garbage collector takes while active (a full collection with torch, diffusers and
+    compiled graphs loaded takes a large fraction of a second: one in a timed window is a host gap)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full_collections, self._start = 0.0, 0, 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.full_collections += info.get("generation") == 2
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def run_case(
+    case: Case,
+    shape: Shape,
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    gc_mode: str = "on",
+    profile_dir: Path | None = None,
+) -> dict[str, float]:
+    """Seconds per step (back to back, synced once) and the median ms of each phase over as many steps.
+    ``gc_mode`` 'frozen': what exists after the warm-up is frozen out of collections (gc.freeze), and
+    only the youngest generation is collected during the steps, as the training job does."""
     build = build_peer if case.impl == "peer" else build_ours
     trainer = build(case, shape.args, device)
     batch = host_batch(shape, case.micro_batch, device.type == "cuda")
     for _ in range(warmup):
         train_step(trainer, batch, device, lambda _: None)
     synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        train_step(trainer, batch, device, lambda _: None)
-    synchronize(device)
-    timings = {"step_s": (time.perf_counter() - start) / steps}
+    if gc_mode == "frozen":
+        gc.collect()
+        gc.freeze()
+    compiled_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    host = []
+    with GcClock() as gc_clock:
+        start = time.perf_counter()
+        for _ in range(steps):
+            began = time.perf_counter()
+            train_step(trainer, batch, device, lambda _: None)
+            host.append(time.perf_counter() - began)
+        synchronize(device)
+        timings = {"step_s": (time.perf_counter() - start) / steps}
+    timings["gc_ms"] = gc_clock.seconds * 1e3 / steps
+    timings["full_gcs"] = gc_clock.full_collections
+    timings["host_median_ms"] = statistics.median(host) * 1e3
+    timings["host_max_ms"] = max(host) * 1e3
+    timings["recompiles"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - compiled_before
     per_step = []
     for _ in range(steps):
         clock = PhaseClock(device)
@@ -245,18 +330,49 @@ def run_case(case: Case, shape: Shape, device: torch.device, steps: int, warmup:
         train_step(trainer, batch, device, clock)
         per_step.append(clock.phases_ms())
     timings |= {f"{p}_ms": statistics.median(s[p] for s in per_step) for p in PHASES}
+    if device.type == "cuda":
+        timings["kernels_per_step"] = count_kernels(trainer, batch, device, case, profile_dir)
+    try:  # last: a torch whose compile refuses to run under a dispatch mode fails this step only
+        timings["ops_per_step"] = count_dispatched(train_step, trainer, batch, device, lambda _: None).total
+    except Exception as exc:
+        print(f"ops/step not counted: {type(exc).__name__}: {str(exc).strip()[:120]}", flush=True)
     return timings
 
 
-def measure(case: Case, shape: Shape, device: torch.device, steps: int, warmup: int) -> Row:
+def count_kernels(
+    trainer: Trainer, batch: list[torch.Tensor], device: torch.device, case: Case, profile_dir: Path | None
+) -> int:
+    """GPU kernels and copies one step runs, from one profiled step; with ``profile_dir``, that step's
+    operators by host time and by GPU time go there as text, one file per case."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if profile_dir else [])
+    with profile(activities=activities) as prof:
+        train_step(trainer, batch, device, lambda _: None)
+        synchronize(device)
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{case.label.replace('/', '-')}_mbs{case.micro_batch}_{case.checkpointing}.txt"
+        averages = prof.key_averages()
+        tables = [
+            averages.table(sort_by=key, row_limit=30) for key in ("self_cpu_time_total", "cuda_time_total")
+        ]
+        (profile_dir / name).write_text("\n\n".join(tables) + "\n")
+    return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
+
+
+def measure(
+    case: Case, shape: Shape, device: torch.device, steps: int, warmup: int, profile_dir: Path | None = None
+) -> Row:
     """One case, out of memory and other failures included (as the row's status)."""
     cuda = device.type == "cuda"
-    row = Row(case.impl, case.micro_batch, case.checkpointing, case.compile)
+    row = Row(case.impl, case.micro_batch, case.checkpointing, case.compile, case.fp8_recipe, case.gc)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     torch._dynamo.reset()  # each case compiles its own blocks afresh: no recompile limits to hit
     try:
-        timings = run_case(case, shape, device, steps, warmup)
+        timings = run_case(case, shape, device, steps, warmup, case.gc, profile_dir)
     except torch.OutOfMemoryError:
         row.status = "out of memory"
     except Exception as exc:
@@ -267,7 +383,10 @@ def measure(case: Case, shape: Shape, device: torch.device, steps: int, warmup: 
         for name, value in timings.items():
             setattr(row, name, value)
         row.samples_per_s = case.micro_batch / row.step_ms * 1e3
+        phases = sum(getattr(row, f"{p}_ms") for p in PHASES)
+        row.host_gap_pct = (row.step_ms - phases) / row.step_ms * 100
         row.peak_gb = torch.cuda.max_memory_allocated(device) / 1e9 if cuda else NAN
+    gc.unfreeze()
     torch._dynamo.reset()
     gc.collect()  # the trainer is garbage only now (the exception no longer holds its frames)
     if cuda:
@@ -275,34 +394,54 @@ def measure(case: Case, shape: Shape, device: torch.device, steps: int, warmup: 
     return row
 
 
-def cases(batches: list[int], modes: list[str], compiles: list[bool], impls: list[str]) -> list[Case]:
-    """Ours next to the peer for each setting, so the two see the machine in the same state."""
+def cases(
+    batches: list[int],
+    modes: list[str],
+    compiles: list[bool],
+    impls: list[str],
+    fp8_recipes: list[str] | tuple[str, ...] = ("tensorwise",),
+    gc_modes: list[str] | tuple[str, ...] = ("on",),
+    pairs: list[tuple[str, ...]] | None = None,
+) -> list[Case]:
+    """Ours next to the peer for each setting, so the two see the machine in the same state; ours-fp8
+    once per recipe; each once per garbage-collection mode. ``pairs`` (impl, mode[, micro-batch]), in
+    their order, replace impls x modes (and the batches where they name one)."""
+    grid = [(impl, mode, b) for b in batches for mode in modes for impl in impls]
+    if pairs:
+        grid = [(impl, mode, b) for impl, mode, *own in pairs for b in ([int(own[0])] if own else batches)]
     out = []
-    for micro_batch in batches:
+    for impl, mode, micro_batch in grid:
         for compiled in compiles:
-            for mode in modes:
-                for impl in impls:
-                    if impl != "peer" or mode in PEER_MODES:
-                        out.append(Case(impl, micro_batch, mode, compiled))
+            for gc_mode in gc_modes:
+                if impl == "ours-fp8":
+                    out += [Case(impl, micro_batch, mode, compiled, r, gc_mode) for r in fp8_recipes]
+                elif impl != "peer" or mode in PEER_MODES:
+                    out.append(Case(impl, micro_batch, mode, compiled, "", gc_mode))
     return out
 
 
 def ratios(rows: list[Row]) -> list[dict[str, object]]:
-    """ours/peer and ours-fp8/peer samples/s for each (micro-batch, checkpointing, compile) both ran."""
-    ok = {(r.impl, r.micro_batch, r.checkpointing, r.compile): r for r in rows if r.status == "ok"}
+    """ours/peer and ours-fp8/peer samples/s for each (micro-batch, checkpointing, compile) both ran, and
+    ours-fp8 over ours (bf16) where both ran."""
+    ok = {(r.label, r.micro_batch, r.checkpointing, r.compile): r for r in rows if r.status == "ok"}
     out = []
-    for (impl, mbs, mode, compiled), ours in ok.items():
-        peer = ok.get(("peer", mbs, mode, compiled))
-        if impl != "peer" and peer is not None:
+    for (label, mbs, mode, compiled), ours in ok.items():
+        if label == "peer":
+            continue
+        for base in ("peer", "ours"):
+            other = ok.get((base, mbs, mode, compiled))
+            if other is None or base == label:
+                continue
             out.append(
                 {
-                    "impl": impl,
+                    "impl": label,
+                    "over": base,
                     "micro_batch": mbs,
                     "checkpointing": mode,
                     "compile": compiled,
                     "samples_per_s": ours.samples_per_s,
-                    "peer_samples_per_s": peer.samples_per_s,
-                    "over_peer": ours.samples_per_s / peer.samples_per_s,
+                    "other_samples_per_s": other.samples_per_s,
+                    "ratio": ours.samples_per_s / other.samples_per_s,
                 }
             )
     return out
@@ -316,7 +455,7 @@ def _num(value: float, spec: str) -> str:
 
 
 COLUMNS = (
-    ("impl", lambda r: r.impl),
+    ("impl", lambda r: r.label),
     ("mbs", lambda r: str(r.micro_batch)),
     ("act-ckpt", lambda r: r.checkpointing),
     ("compile", lambda r: "on" if r.compile else "off"),
@@ -328,20 +467,27 @@ COLUMNS = (
     ("peak GB", lambda r: _num(r.peak_gb, ".1f")),
     ("est. GB", lambda r: _num(r.estimate_gb, ".1f")),
     *((f"{p} ms", lambda r, p=p: _num(getattr(r, f"{p}_ms"), ".1f")) for p in PHASES),
+    ("host gap", lambda r: _num(r.host_gap_pct, ".1f") + ("%" if not math.isnan(r.host_gap_pct) else "")),
+    ("ops/step", lambda r: _num(r.ops_per_step, ".0f")),
+    ("kernels/step", lambda r: _num(r.kernels_per_step, ".0f")),
+    ("host ms (max)", lambda r: f"{_num(r.host_median_ms, '.1f')} ({_num(r.host_max_ms, '.0f')})"),
+    ("gc ms (full)", lambda r: f"{_num(r.gc_ms, '.1f')} ({_num(r.full_gcs, '.0f')})"),
+    ("recompiles", lambda r: _num(r.recompiles, ".0f")),
     ("note", lambda r: "" if r.status == "ok" else r.status),
 )
-RATIO_COLUMNS = ("impl", "mbs", "act-ckpt", "compile", "samples/s", "peer samples/s", "over peer")
+RATIO_COLUMNS = ("impl", "over", "mbs", "act-ckpt", "compile", "samples/s", "its samples/s", "ratio")
 
 
 def ratio_cells(ratio: dict) -> list[str]:
     return [
         ratio["impl"],
+        ratio["over"],
         str(ratio["micro_batch"]),
         ratio["checkpointing"],
         "on" if ratio["compile"] else "off",
         f"{ratio['samples_per_s']:.2f}",
-        f"{ratio['peer_samples_per_s']:.2f}",
-        f"{ratio['over_peer']:.2f}x",
+        f"{ratio['other_samples_per_s']:.2f}",
+        f"{ratio['ratio']:.2f}x",
     ]
 
 
@@ -370,8 +516,11 @@ def memory_table(
                 e = estimate_memory(args, world, micro_batch, mode)
                 parts = (e.weights_and_optimizer_gb, e.gathered_params_gb, e.activations_gb, e.total_gb)
                 fits = "yes" if e.total_gb <= gpu_gb else "no"
-                rows.append([str(world), str(micro_batch), mode, *(f"{p:.1f}" for p in parts), fits])
-    return [*headers, f"fits {gpu_gb:g} GB"], rows
+                auto = choose_checkpointing(args, world, micro_batch, gpu_gb).mode == mode
+                rows.append(
+                    [str(world), str(micro_batch), mode, *(f"{p:.1f}" for p in parts), fits, auto * "<- auto"]
+                )
+    return [*headers, f"fits {gpu_gb:g} GB", "auto picks"], rows
 
 
 def parse_args() -> argparse.Namespace:
@@ -387,29 +536,64 @@ def parse_args() -> argparse.Namespace:
         default="ours,peer",
         help="of ours (the job's code path), ours-fp8 (train.precision fp8), peer",
     )
+    parser.add_argument(
+        "--fp8-recipes", default="tensorwise", help=f"ours-fp8's recipes, of {','.join(FP8_RECIPES)}"
+    )
+    parser.add_argument(
+        "--gc", default="on", help="on (Python's default), frozen (gc.freeze after warm-up), or both"
+    )
+    parser.add_argument(
+        "--cases",
+        help="impl:mode[:micro-batch] in this order (e.g. ours:full,peer:full,ours-fp8:ops:64), instead "
+        "of --impls x --checkpointing (x --batches)",
+    )
+    parser.add_argument("--profile", type=Path, help="GPU: one profiled step's top operators per case here")
     parser.add_argument("--steps", type=int, default=10, help="timed steps, and as many phase-timed ones")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 TFLOP/s")
     parser.add_argument("--json", type=Path, help="write all rows and ratios here")
     parser.add_argument("--markdown", type=Path, help="write the tables here, for docs/benchmarks.md")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny preset, 2 steps: checks the script")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU, tiny preset, 2 steps (unless given): checks the script"
+    )
     parser.add_argument(
         "--memory-estimate", action="store_true", help="print the full-depth flux-schnell estimate and exit"
     )
     parser.add_argument("--world-sizes", default="8,16,32,64", help="FSDP group sizes for --memory-estimate")
     parser.add_argument("--gpu-gb", type=float, default=80.0, help="GPU memory for --memory-estimate")
     args = parser.parse_args()
-    if args.smoke:  # the tiny preset on the CPU, eager, a few steps
-        args.batches, args.checkpointing, args.compile = "2", "full,none", "off"
-        args.impls = "ours,ours-fp8,peer"
-        args.steps, args.warmup = 2, 1
+    if args.smoke:  # the tiny preset on the CPU, eager, a few steps; options given still count
+        smoke = {
+            "batches": "2",
+            "checkpointing": "full,none",
+            "compile": "off",
+            "impls": "ours,ours-fp8,peer",
+        }
+        for name, value in (smoke | {"steps": 2, "warmup": 1}).items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
     args.batches = [int(b) for b in args.batches.split(",")]
-    for option, known in (("checkpointing", MODES), ("compile", ("off", "on")), ("impls", IMPLS)):
+    options = (
+        ("checkpointing", MODES),
+        ("compile", ("off", "on")),
+        ("impls", IMPLS),
+        ("fp8_recipes", FP8_RECIPES),
+        ("gc", ("on", "frozen")),
+    )
+    for option, known in options:
         values = getattr(args, option).split(",")
         if unknown := set(values) - set(known):
-            parser.error(f"--{option}: unknown {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+            flag = option.replace("_", "-")
+            parser.error(f"--{flag}: unknown {', '.join(sorted(unknown))}; known: {', '.join(known)}")
         setattr(args, option, values)
     args.compile = [value == "on" for value in args.compile]
+    if args.cases:
+        args.cases = [tuple(pair.split(":")) for pair in args.cases.split(",")]
+        for pair in args.cases:
+            mbs_ok = len(pair) == 2 or (len(pair) == 3 and pair[2].isdigit())
+            if not mbs_ok or pair[0] not in IMPLS or pair[1] not in MODES:
+                what = f"{'|'.join(IMPLS)}:{'|'.join(MODES)}[:micro-batch]"
+                parser.error(f"--cases: {':'.join(pair)} is not impl:mode[:mbs] ({what})")
     args.world_sizes = [int(w) for w in args.world_sizes.split(",")]
     return args
 
@@ -417,14 +601,18 @@ def parse_args() -> argparse.Namespace:
 def print_memory_estimate(args: argparse.Namespace, console: Console) -> None:
     full_depth = load_workload("flux1")[0].models["flux-schnell"]
     headers, rows = memory_table(full_depth, args.world_sizes, args.batches, args.checkpointing, args.gpu_gb)
-    title = "Memory per GPU, estimated: flux-schnell (19+38 blocks), FSDP over 'world' ranks, bf16, eager"
+    title = (
+        "Memory per GPU, estimated: flux-schnell (19+38 blocks), FSDP over 'world' ranks, bf16, compiled; "
+        "total = peak (activations count where they exceed the gradients the backward brings); "
+        f"'auto' takes the least recompute under {1 - AUTO_HEADROOM:.0%} of --gpu-gb"
+    )
     console.print(rich_table(title, headers, rows))
 
 
 def main() -> None:
     args = parse_args()
     # Piped output (a file, a test) gets a wide table rather than rich's 80 columns.
-    console = Console() if sys.stdout.isatty() else Console(width=240)
+    console = Console() if sys.stdout.isatty() else Console(width=400)
     if args.memory_estimate:
         print_memory_estimate(args, console)
         return
@@ -450,44 +638,60 @@ def main() -> None:
         f"GEMM {'x'.join(map(str, gemm.shape))})"
     )
     console.print(header)
-    rows = []
-    for case in cases(args.batches, args.checkpointing, args.compile, args.impls):
-        row = measure(case, shape, device, args.steps, args.warmup)
+    facts = {
+        "device": name,
+        "torch": torch.__version__,
+        "model": a.model_dump(),
+        "image_tokens": shape.image_tokens,
+        "text_tokens": shape.text_tokens,
+        "tflop_per_sample": flops / 1e12,
+        "peak_tflops_datasheet": args.peak_tflops,
+        "gemm_peak": asdict(gemm),
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    rows: list[Row] = []
+    for case in cases(
+        args.batches, args.checkpointing, args.compile, args.impls, args.fp8_recipes, args.gc, args.cases
+    ):
+        row = measure(case, shape, device, args.steps, args.warmup, args.profile)
         row.tflops = row.samples_per_s * flops / 1e12
         row.mfu_datasheet = row.tflops / args.peak_tflops
         row.mfu_measured = row.tflops / gemm.tflops
         if case.impl != "peer":
             tokens = {"image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens}
-            row.estimate_gb = estimate_memory(a, 1, case.micro_batch, case.checkpointing, **tokens).total_gb
-        console.print(" ".join(f"{h} {c(row)}" for h, c in COLUMNS[:6]) + f" {row.status}", highlight=False)
+            est = estimate_memory(a, 1, case.micro_batch, case.checkpointing, compiled=case.compile, **tokens)
+            row.estimate_gb = est.total_gb
+        brief = [c for c in COLUMNS if c[0] in BRIEF]
+        console.print(" ".join(f"{h} {c(row)}" for h, c in brief) + f" {row.status}", highlight=False)
         rows.append(row)
+        write_outputs(args, header, facts, rows)  # after each case: a timeout loses only the one in flight
     dist.destroy_process_group()
 
+    headers, cells, ratio_rows = tables(rows)
+    console.print(rich_table("Training throughput", headers, cells))
+    console.print(rich_table("Ratios of samples/s", RATIO_COLUMNS, ratio_rows))
+
+
+BRIEF = ("impl", "mbs", "act-ckpt", "compile", "step ms", "samples/s", "MFU", "peak GB", "host gap")
+BRIEF += ("ops/step", "kernels/step", "host ms (max)", "gc ms (full)", "recompiles")
+"""The columns of the line printed as each case finishes."""
+
+
+def tables(rows: list[Row]) -> tuple[list[str], list[list[str]], list[list[str]]]:
     headers = [h for h, _ in COLUMNS]
     cells = [[cell(r) for _, cell in COLUMNS] for r in rows]
-    ours_over_peer = ratios(rows)
-    ratio_rows = [ratio_cells(r) for r in ours_over_peer]
-    console.print(rich_table("Training throughput", headers, cells))
-    console.print(rich_table("ours / peer (samples/s)", RATIO_COLUMNS, ratio_rows))
+    return headers, cells, [ratio_cells(r) for r in ratios(rows)]
+
+
+def write_outputs(args: argparse.Namespace, header: str, facts: dict, rows: list[Row]) -> None:
+    headers, cells, ratio_rows = tables(rows)
     if args.markdown:
-        tables = f"{markdown_table(headers, cells)}\n\n{markdown_table(RATIO_COLUMNS, ratio_rows)}"
-        args.markdown.write_text(f"{header}\n\n{tables}\n")
+        tables_md = f"{markdown_table(headers, cells)}\n\n{markdown_table(RATIO_COLUMNS, ratio_rows)}"
+        args.markdown.write_text(f"{header}\n\n{tables_md}\n")
     if args.json:
-        facts = {
-            "device": name,
-            "torch": torch.__version__,
-            "model": a.model_dump(),
-            "image_tokens": shape.image_tokens,
-            "text_tokens": shape.text_tokens,
-            "tflop_per_sample": flops / 1e12,
-            "peak_tflops_datasheet": args.peak_tflops,
-            "gemm_peak": asdict(gemm),
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "rows": [asdict(r) for r in rows],
-            "ratios": ours_over_peer,
-        }
-        args.json.write_text(json.dumps(_nan_to_null(facts), indent=1) + "\n")
+        rows_facts = {"rows": [asdict(r) | {"label": r.label} for r in rows], "ratios": ratios(rows)}
+        args.json.write_text(json.dumps(_nan_to_null(facts | rows_facts), indent=1) + "\n")
 
 
 def _nan_to_null(value: object) -> object:

@@ -76,7 +76,7 @@ class ConversionPlan:
             return None
         try:
             return ConversionPlan(**json.loads(path.read_text()))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
             raise FluxClusterError(f"{path}: not a flux-cluster conversion plan ({exc})") from None
 
 

@@ -42,7 +42,14 @@ from data_prep.format import (
     Split,
     encode_tensor,
 )
-from data_prep.image_folder import ImageFolderError, ImageRecord, load_image, scan_folder, to_pixels
+from data_prep.image_folder import (
+    MAX_DECODE_BYTES,
+    ImageFolderError,
+    ImageRecord,
+    load_image,
+    scan_folder,
+    to_pixels,
+)
 from data_prep.progress import StageProgress
 from data_prep.synthetic import (
     ENCODED_MARKER,
@@ -54,7 +61,8 @@ from data_prep.synthetic import (
 from flux_cluster.atomic import write_atomic
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.models.quiet import library_warnings_off
-from flux_cluster.safe_text import markup_escape
+from flux_cluster.outside import OutsideFileError, open_regular, read_json
+from flux_cluster.safe_text import markup_escape, printable
 
 ENCODING_VERSION = 1
 """Bumped when what an encoding holds changes: older cache entries are then not reused."""
@@ -147,13 +155,34 @@ def encoding_key(options: EncodeOptions, model_fingerprint: str) -> str:
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
 
 
-def _digest(record: ImageRecord) -> str:
+def _digest(record: ImageRecord, root: Path) -> str:
+    """sha256 of the image's bytes and caption, read as load_image reads it (a regular file in root)."""
     digest = hashlib.sha256()
-    with record.path.open("rb") as handle:
+    with open_regular(os.path.realpath(record.path), inside=root) as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
     digest.update(b"\0" + record.caption.encode())
     return digest.hexdigest()
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def decode_threads(cpus: int | None = None, available: int | None = None) -> int:
+    """Threads decoding images side by side: one per core (at most 8), and no more than half the
+    available memory holds at one decode's worst case (image_folder.MAX_DECODE_BYTES) each."""
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    available = available if available is not None else _meminfo_available()
+    by_memory = max(1, available // 2 // MAX_DECODE_BYTES) if available is not None else 8
+    return max(1, min(8, cpus, by_memory))
 
 
 def _name_hash(purpose: str, name: str) -> int:
@@ -167,24 +196,71 @@ def val_count(images: int, fraction: float) -> int:
     return max(1, min(math.floor(fraction * images + 0.5), images - 1))
 
 
-def split_items(records: list[ImageRecord], options: EncodeOptions) -> list[Item]:
+def _too_few(options: EncodeOptions, usable: int) -> FluxClusterError:
+    return FluxClusterError(
+        f"{options.images}: {usable} usable image(s); fine-tuning needs at least 2 (train and val)"
+    )
+
+
+def _skip(problems: list[str], line: str, strict: bool) -> None:
+    if strict:
+        raise ImageFolderError(f"{line}; strict: expected every image usable")
+    problems.append(line)
+
+
+def split_items(
+    records: list[ImageRecord], options: EncodeOptions, problems: list[str] | None = None
+) -> list[Item]:
     """Every record with its split, val timestep and content digest (train first, then val, by name).
     The val images are the val_count with the smallest name hashes: a stable choice as the folder grows
-    (an added image joins val only by out-drawing one that was there, or when the count grows)."""
-    if len(records) < 2:
-        raise FluxClusterError(
-            f"{options.images}: {len(records)} usable image(s); fine-tuning needs at least 2 (train and val)"
-        )
-    drawn = sorted(records, key=lambda r: _name_hash("val", r.name))
-    val_names = {r.name for r in drawn[: val_count(len(records), options.val_fraction)]}
-    val = [r for r in records if r.name in val_names]
-    train = [r for r in records if r.name not in val_names]
+    (an added image joins val only by out-drawing one that was there, or when the count grows).
+
+    Each val image is decoded here, once: one that cannot be used is skipped (a line in problems, naming
+    it and why) and the next drawn takes its place, so a broken file never shrinks or empties val. A
+    file that is no longer a regular file inside the folder (swapped since the scan) is skipped too."""
+    problems = [] if problems is None else problems
+    digests: dict[str, str] = {}
+    for record in records:
+        try:
+            digests[record.name] = _digest(record, options.images)
+        except OutsideFileError as exc:
+            _skip(problems, f"{printable(str(record.path))}: {_reason(exc, record.path)}", options.strict)
+        except OSError as exc:
+            _skip(problems, f"{printable(str(record.path))}: {exc.strerror or exc}", options.strict)
+    usable = [r for r in records if r.name in digests]
+    if len(usable) < 2:
+        raise _too_few(options, len(usable))
+    wanted = val_count(len(usable), options.val_fraction)
+    val_names: set[str] = set()
+    broken: set[str] = set()
+    for record in sorted(usable, key=lambda r: _name_hash("val", r.name)):
+        if len(val_names) == wanted or len(usable) - len(broken) - len(val_names) < 2:
+            break  # val is full, or one more would leave no train image
+        try:
+            load_image(record.path, options.resolution, options.images)
+            val_names.add(record.name)
+        except ImageFolderError as exc:
+            _skip(problems, str(exc), options.strict)
+            broken.add(record.name)
+    usable = [r for r in usable if r.name not in broken]
+    if not val_names:
+        raise _too_few(options, len(usable))
+    val = [r for r in usable if r.name in val_names]
+    train = [r for r in usable if r.name not in val_names]
     # MLPerf assigns val timesteps as arange(N) % 8 after a seeded shuffle: equal counts per timestep.
     order = list(range(len(val)))
     random.Random(options.seed).shuffle(order)
     timesteps = {val[i].name: n % VAL_TIMESTEPS for n, i in enumerate(order)}
-    items = [Item(r, "train", None, _digest(r)) for r in train]
-    return items + [Item(r, "val", timesteps[r.name], _digest(r)) for r in val]
+    items = [Item(r, "train", None, digests[r.name]) for r in train]
+    return items + [Item(r, "val", timesteps[r.name], digests[r.name]) for r in val]
+
+
+def _reason(exc: OutsideFileError, path: Path) -> str:
+    """An OutsideFileError's reason, without the (resolved) path it starts with."""
+    text = str(exc)
+    for prefix in (os.path.realpath(path), str(path)):
+        text = text.removeprefix(f"{prefix}: ")
+    return printable(text)
 
 
 def make_chunks(items: list[Item], encoding: str, size: int) -> list[Chunk]:
@@ -226,7 +302,7 @@ class ChunkEncoder:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.encoders = FluxEncoders.load(options.model, self.device, dtype, options.max_sequence_length)
-        self.pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1))
+        self.pool = ThreadPoolExecutor(max_workers=decode_threads())
 
     def empty_encodings(self) -> tuple[np.ndarray, np.ndarray]:
         with library_warnings_off():
@@ -261,7 +337,7 @@ class ChunkEncoder:
 
     def _load(self, item: Item) -> np.ndarray | None:
         try:
-            return to_pixels(load_image(item.record.path, self.options.resolution))
+            return to_pixels(load_image(item.record.path, self.options.resolution, self.options.images))
         except ImageFolderError as exc:
             if self.options.strict:
                 raise
@@ -325,13 +401,13 @@ class Encoding:
 
         self.options, self.console = options, console
         self.scan = scan_folder(options.images, strict=options.strict)
-        for problem in self.scan.problems:
-            console.print(
-                f"[yellow]skipped[/yellow] {markup_escape(problem)}", soft_wrap=True, highlight=False
-            )
         self.fingerprint = model_fingerprint(options.model)
         self.key = encoding_key(options, self.fingerprint)
-        self.items = split_items(self.scan.records, options)
+        try:  # the images the digests and the val decode-check leave out join the scan's problems
+            self.items = split_items(self.scan.records, options, self.scan.problems)
+        finally:
+            for problem in self.scan.problems:
+                self._print_skipped(problem)
         self.chunks = make_chunks(self.items, self.key, options.chunk_images)
         self.folder = options.cache_root / self.key
         self.chunk_dir = self.folder / "chunks"
@@ -362,10 +438,23 @@ class Encoding:
     def skipped_path(self, chunk: Chunk) -> Path:
         return self.chunk_dir / f"{chunk.name}.skipped.json"
 
+    def cached_skips(self, chunk: Chunk) -> list[str]:
+        """The images a cached chunk left out, one line each (file and why), as its encode wrote them."""
+        try:
+            lines = read_json(self.skipped_path(chunk), inside=self.chunk_dir)
+        except OutsideFileError:
+            return []
+        return [printable(line) for line in lines if isinstance(line, str)] if isinstance(lines, list) else []
+
     def encode(self, task: int = 0, tasks: int = 1) -> int:
-        """Encode this task's chunks not in the cache yet; returns the images encoded."""
+        """Encode this task's chunks not in the cache yet; returns the images encoded. The images the
+        reused chunks left out are named again (from the cache), as on the run that encoded them."""
         mine = self.chunks[task::tasks]
         todo = [c for c in mine if not self.chunk_path(c).is_file()]
+        for chunk in mine:
+            if chunk not in todo:
+                for line in self.cached_skips(chunk):
+                    self._print_skipped(line)
         empty = self.folder / EMPTY_DIR
         if not todo and (empty.is_dir() or task):
             cached = sum(len(c.items) for c in mine)
@@ -385,11 +474,7 @@ class Encoding:
                     encoder.on_problem = problems.append
                     done += _write_chunk(self.chunk_path(chunk), chunk, encoder.rows(chunk, progress))
                     for problem in problems:
-                        progress.console.print(
-                            f"[yellow]skipped[/yellow] {markup_escape(problem)}",
-                            soft_wrap=True,
-                            highlight=False,
-                        )
+                        self._print_skipped(problem, progress.console)
                     write_atomic(self.skipped_path(chunk), json.dumps(problems) + "\n")
                 if task == 0 and not empty.is_dir():
                     encoder = encoder or ChunkEncoder(self.options, lambda _p: None)
@@ -439,11 +524,13 @@ class Encoding:
     def skipped(self) -> list[str]:
         lines = list(self.scan.problems)
         for chunk in self.chunks:
-            try:
-                lines += json.loads(self.skipped_path(chunk).read_text())
-            except (OSError, ValueError):
-                continue
+            lines += self.cached_skips(chunk)
         return lines
+
+    def _print_skipped(self, line: str, console: Console | None = None) -> None:
+        (console or self.console).print(
+            f"[yellow]skipped[/yellow] {markup_escape(line)}", soft_wrap=True, highlight=False
+        )
 
     def summary(self, samples: dict[str, int]) -> EncodeSummary:
         t5 = np.load(self.folder / EMPTY_DIR / "t5_empty.npy")

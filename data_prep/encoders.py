@@ -8,9 +8,9 @@ FLUX is conditioned on at inference.
 """
 
 import hashlib
-import json
 import logging
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ import torch
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
+from flux_cluster.outside import OutsideFileError, read_json
 from flux_cluster.training.rectified_flow import LATENT_SCALE, LATENT_SHIFT
 
 LATENT_CHANNELS = 16
@@ -30,10 +31,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A diffusers config: bounded, a regular file (a hub snapshot's link is followed to its blob), one
+    line for anything else (deep nesting and 4,300+-digit numbers included)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FluxClusterError(f"{path}: not readable JSON ({exc}): expected a diffusers config") from None
+        data = read_json(os.path.realpath(path))
+    except OutsideFileError as exc:
+        reason = str(exc).removeprefix(f"{os.path.realpath(path)}: ")
+        raise FluxClusterError(f"{path}: not readable JSON ({reason}): expected a diffusers config") from None
     if not isinstance(data, dict):
         raise FluxClusterError(f"{path}: expected a JSON object (a diffusers config)")
     return data

@@ -97,7 +97,7 @@ def _marked_spec(root: Path) -> dict | None:
     for name in (SPEC_FILE, MARK_FILE):
         try:
             return json.loads((root / name).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
     return None
 
@@ -110,5 +110,5 @@ def _foreign_dataset(root: Path) -> bool:
 def _ready(root: Path, wanted: dict) -> bool:
     try:
         return (root / READY_FILE).is_file() and json.loads((root / SPEC_FILE).read_text()) == wanted
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.outside import OutsideFileError, open_regular
 from flux_cluster.safe_text import printable
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
@@ -284,12 +285,19 @@ MAX_METADATA_JSON_BYTES = 256 << 20
 """metadata.json is read whole: a caption list of millions of images fits; more is refused (use .jsonl)."""
 
 
+def _json_problem(exc: Exception, position: bool = True) -> str:
+    """Why text is not usable JSON: its first error's place, or nesting/number limits (never raised on)."""
+    if isinstance(exc, json.JSONDecodeError):
+        where = f"line {exc.lineno} column {exc.colno}" if position else f"column {exc.colno}"
+        return f"not valid JSON ({where}: {exc.msg})"
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply; refused"
+    return f"not valid JSON ({printable((str(exc).splitlines() or [type(exc).__name__])[0])})"
+
+
 def _read_json(reader: _MetadataReader, path: Path) -> None:
     try:
-        if not path.is_file() or path.is_symlink():
-            reader.problems.append("metadata.json: not a regular file in the folder")
-            return
-        with path.open("rb") as handle:
+        with open_regular(path, inside=reader.root) as handle:  # checked as opened: no FIFO or link
             raw = handle.read(MAX_METADATA_JSON_BYTES + 1)
         if len(raw) > MAX_METADATA_JSON_BYTES:
             reader.problems.append(
@@ -297,16 +305,17 @@ def _read_json(reader: _MetadataReader, path: Path) -> None:
             )
             return
         data = json.loads(raw.decode("utf-8-sig"))
+    except OutsideFileError:
+        reader.problems.append("metadata.json: not a regular file in the folder")
+        return
     except OSError as exc:
         reader.problems.append(f"metadata.json: cannot read ({exc.strerror or exc})")
         return
     except UnicodeDecodeError:
         reader.problems.append("metadata.json: not UTF-8 text")
         return
-    except json.JSONDecodeError as exc:
-        reader.problems.append(
-            f"metadata.json: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
-        )
+    except (RecursionError, ValueError) as exc:  # JSONDecodeError, too deep, a 4,300+-digit number
+        reader.problems.append(f"metadata.json: {_json_problem(exc)}")
         return
     if isinstance(data, list):
         for index, record in enumerate(data):
@@ -333,28 +342,26 @@ def _lines(handle: BinaryIO) -> Iterator[bytes | None]:
 
 
 def _read_jsonl(reader: _MetadataReader, path: Path) -> None:
-    if not path.is_file() or path.is_symlink():  # /dev/zero or a FIFO would never end
+    try:  # checked as opened: /dev/zero or a FIFO would never end
+        with open_regular(path, inside=reader.root) as handle:
+            for number, raw in enumerate(_lines(handle), start=1):
+                _add_jsonl_line(reader, f"metadata.jsonl line {number}", raw)
+    except OutsideFileError:
         reader.problems.append("metadata.jsonl: not a regular file in the folder")
+
+
+def _add_jsonl_line(reader: _MetadataReader, where: str, raw: bytes | None) -> None:
+    if raw is None:
+        reader.problems.append(f"{where}: longer than {_MAX_LINE_BYTES} bytes; expected one record")
         return
     try:
-        handle = path.open("rb")
-    except OSError as exc:
-        reader.problems.append(f"metadata.jsonl: cannot read ({exc.strerror or exc})")
-        return
-    with handle:
-        for number, raw in enumerate(_lines(handle), start=1):
-            where = f"metadata.jsonl line {number}"
-            if raw is None:
-                reader.problems.append(f"{where}: longer than {_MAX_LINE_BYTES} bytes; expected one record")
-                continue
-            try:
-                text = raw.decode("utf-8-sig").strip()
-                if text:
-                    reader.add_record(where, json.loads(text))
-            except UnicodeDecodeError:
-                reader.problems.append(f"{where}: not UTF-8 text")
-            except json.JSONDecodeError as exc:
-                reader.problems.append(f"{where}: not valid JSON (column {exc.colno}: {exc.msg})")
+        text = raw.decode("utf-8-sig").strip()
+        if text:
+            reader.add_record(where, json.loads(text))
+    except UnicodeDecodeError:
+        reader.problems.append(f"{where}: not UTF-8 text")
+    except (RecursionError, ValueError) as exc:
+        reader.problems.append(f"{where}: {_json_problem(exc, position=False)}")
 
 
 def _scan_metadata(root: Path, layout: str, problems: list[str]) -> list[ImageRecord]:
@@ -414,8 +421,11 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     """RGB: transparency composited on white, grayscale and CMYK converted."""
     if image.mode in ("I", "I;16", "I;16L", "I;16B", "I;16N"):
         # 16-bit grayscale PNG: Pillow's convert clips to 255 (all white); keep the top 8 bits instead.
-        high = np.asarray(image).astype(np.int64).clip(0, 65535) >> 8
-        image = Image.fromarray(high.astype(np.uint8))
+        # (No int64 copy: that alone was 8 bytes a pixel.)
+        values = np.asarray(image)
+        if values.dtype != np.uint16:
+            values = np.clip(values, 0, 65535)
+        image = Image.fromarray((values >> 8).astype(np.uint8))
     if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -423,6 +433,15 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+MAX_DECODE_PIXELS = 40_000_000
+"""Pixels an image may decode to (after JPEG's reduced decoding): about 1 GB at the worst (see below), and
+PNG/WebP have no reduced decoding. A 9400 x 9400 PNG of a few hundred KB would take ~2 GB; it is refused
+from its header, before any decoding."""
+DECODE_BYTES_PER_PIXEL = 24
+"""Memory one decode may take per pixel at its peak: a 16-bit or RGBA file decoded (up to 4 bytes), its
+RGBA copy, the white background and the composite (4 each), the RGB result (3), the resize's copy."""
+MAX_DECODE_BYTES = MAX_DECODE_PIXELS * DECODE_BYTES_PER_PIXEL
+"""What one decoding thread may need at most: the encoder sizes its thread pool by it."""
 MAX_ASPECT = 16
 """Longer side / shorter side beyond which an image is refused: its square crop would be a sliver, and a
 1 x 60,000 strip resized to a short side of 512 would need tens of GB."""
@@ -440,14 +459,19 @@ def _square(image: Image.Image, resolution: int) -> Image.Image:
     return image.crop((left, top, left + resolution, top + resolution))
 
 
-def load_image(path: Path, resolution: int) -> Image.Image:
+def load_image(path: Path, resolution: int, inside: Path | None = None) -> Image.Image:
     """The image as RGB, upright (EXIF orientation), resolution x resolution (short side resized, then
-    centre-cropped). Raises ImageFolderError naming path for a file that cannot be used."""
+    centre-cropped). Raises ImageFolderError naming path for a file that cannot be used.
+
+    The file is opened once, without following a final symlink, and must be a regular file (inside the
+    folder ``inside`` when given, checked on the opened file): a path swapped for a symlink out of the
+    folder after the scan is refused, not read. Symlinks inside the folder are resolved first."""
     shown = printable(str(path))
     if resolution < 1:
         raise ImageFolderError(f"resolution {resolution}: expected a positive number of pixels")
+    real = Path(os.path.realpath(path))
     try:
-        with Image.open(path) as image:
+        with open_regular(real, inside) as handle, Image.open(handle) as image:
             if image.format not in _FORMATS:
                 raise ImageFolderError(f"{shown}: a {image.format} image; expected JPEG, PNG or WebP")
             limit = Image.MAX_IMAGE_PIXELS
@@ -462,10 +486,18 @@ def load_image(path: Path, resolution: int) -> Image.Image:
                     "picture, not a strip"
                 )
             image.draft(None, (resolution, resolution))  # JPEG: decode at 1/2..1/8 when still large enough
+            if image.width * image.height > MAX_DECODE_PIXELS:  # the size it decodes to, from the header
+                raise ImageFolderError(
+                    f"{shown}: {image.width}x{image.height} pixels to decode, over the {MAX_DECODE_PIXELS:,} "
+                    "an image may have here; expected a picture of at most about 40 megapixels (or a JPEG)"
+                )
             upright = ImageOps.exif_transpose(image)
             rgb = _to_rgb(upright)
     except ImageFolderError:
         raise
+    except OutsideFileError as exc:
+        reason = str(exc).removeprefix(f"{real}: ")
+        raise ImageFolderError(f"{shown}: {printable(reason)}") from None
     except Image.DecompressionBombError as exc:
         raise ImageFolderError(f"{shown}: {exc}") from None
     except FileNotFoundError:

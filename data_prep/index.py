@@ -82,7 +82,7 @@ def _complete(output: Path, plan: ConversionPlan) -> bool:
         return False
     try:
         counts = json.loads((output / NV_META / ".info.json").read_text())["shard_counts"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False  # e.g. half-written by a run that stopped
     expected = {}
     for split, shard in plan.work():

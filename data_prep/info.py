@@ -13,6 +13,7 @@ from data_prep.convert import ConversionPlan
 from data_prep.format import EMPTY_DIR, EMPTY_FILES, SOURCE_DIRS, SPLITS
 from data_prep.index import NV_META, is_indexed
 from data_prep.shards import ShardRecord
+from flux_cluster.console import print_table
 from flux_cluster.errors import FluxClusterError
 
 _VERIFY = "'flux-cluster prepare-data --output {root} --stage verify' checks every shard"
@@ -39,7 +40,7 @@ def _describe_energon(root: Path, console: Console) -> None:
         energon_counts = (
             json.loads(info_path.read_text()).get("shard_counts", {}) if info_path.is_file() else {}
         )
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         energon_counts = {}  # unreadable: fall back to conversion's records
     indexed = is_indexed(root)
     table = Table(title=f"{root} (Energon webdataset)")
@@ -60,7 +61,7 @@ def _describe_energon(root: Path, console: Console) -> None:
         unfinished = len(list((root / split).glob(".shard_*.partial-*"))) + max(expected - len(tars), 0)
         gigabytes = sum(t.stat().st_size for t in tars) / 1e9
         table.add_row(split, str(len(tars)), f"{samples:,}", f"{gigabytes:.3f}", str(unfinished))
-    console.print(table)
+    print_table(console, table)
     empty = all((root / EMPTY_DIR / name).is_file() for name in EMPTY_FILES)
     source = (
         f"{plan.source_kind} data from {plan.source}, shard size {plan.shard_size:,}" if plan else "unknown"
@@ -139,4 +140,4 @@ def _describe_source(root: Path, console: Console) -> None:
             f"{source.total:,}",
             f"{source.nbytes / 1e9:.3f}",
         )
-    console.print(table)
+    print_table(console, table)

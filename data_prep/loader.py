@@ -164,6 +164,29 @@ class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, Flux
         )
 
 
+def loader_state_classes() -> tuple[type, ...]:
+    """The classes a train loader's saved state (save_state_rank) is made of, with or without workers: a
+    checkpoint stores them as plain data (flux_cluster.training.checkpoint.to_plain) and rebuilds only
+    these."""
+    from megatron.energon.flavors.webdataset.sample_loader import SliceState
+    from megatron.energon.rng import SystemRngState
+    from megatron.energon.savable_loader import (
+        SavableDataLoaderState,
+        SavableDatasetCheckpoint,
+        SavableDatasetState,
+    )
+    from megatron.energon.state import FlexState
+
+    return (
+        SavableDataLoaderState,
+        SavableDatasetCheckpoint,
+        SavableDatasetState,
+        SystemRngState,
+        FlexState,
+        SliceState,
+    )
+
+
 def train_loader(
     root: Path,
     *,

@@ -62,6 +62,7 @@ class StageProgress:
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=self.console,
+                transient=True,  # the bar goes when done: the summary line below is its one record
             )
             self._task = self._progress.add_task(label, total=total_samples, nbytes=0)
 

@@ -92,7 +92,7 @@ class ShardRecord:
             return cls(**json.loads(path.read_text()))
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             return None  # a damaged record: the shard is simply converted again
 
 

@@ -89,7 +89,7 @@ def _discover(directory: Path) -> tuple[list[Path], Literal["arrow", "parquet"]]
         try:
             listed = json.loads(states[0].read_text())["_data_files"]
             return [states[0].parent / entry["filename"] for entry in listed], "arrow"
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise SourceError(f"{states[0]}: not a datasets state.json ({exc})") from None
     parquet = sorted(directory.rglob("*.parquet"))
     arrow = sorted(directory.rglob("*.arrow"))

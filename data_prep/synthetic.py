@@ -49,7 +49,7 @@ def read_marker(root: Path, name: str = MARKER) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(path.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise FluxClusterError(f"{path}: not a flux-cluster data marker ({exc})") from None
 
 

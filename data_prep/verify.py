@@ -38,6 +38,7 @@ from data_prep.index import NV_META
 from data_prep.parallel import Report, run_parallel
 from data_prep.progress import StageProgress
 from data_prep.shards import ShardRecord, shard_path
+from flux_cluster.console import print_table
 from flux_cluster.errors import FluxClusterError
 
 _SUFFIX_SHAPE_COLUMN = {suffix: column for column, suffix in TENSOR_COLUMNS.items()}
@@ -156,7 +157,7 @@ def _check_payload(
                 if not isinstance(timestep, int) or not 0 <= timestep < VAL_TIMESTEPS:
                     raise ValueError(f"timestep {timestep!r}, expected 0..{VAL_TIMESTEPS - 1}")
                 check.timesteps[timestep] += 1
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError, RecursionError) as exc:  # RecursionError: nested too deeply
             check.problems.append(f"{where}: bad json ({exc})")
     elif suffix in _SUFFIX_SHAPE_COLUMN:
         try:
@@ -265,7 +266,7 @@ def _root_problems(output: Path, plan: ConversionPlan) -> list[str]:
     else:
         try:
             counts = json.loads(info.read_text()).get("shard_counts", {})
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError, RecursionError) as exc:
             counts = {}
             problems.append(f"{info}: unreadable ({exc.__class__.__name__}); run the index stage again")
         for split, shard in plan.work():
@@ -314,7 +315,7 @@ def _print_summary(
             steps,
             status,
         )
-    console.print(table)
+    print_table(console, table)
     for problem in problems[:MAX_SHOWN]:
         console.print(f"[red]problem[/red] {problem}", highlight=False, soft_wrap=True)
     if len(problems) > MAX_SHOWN:

@@ -263,19 +263,16 @@ def sweep(
     warmup_steps: int = 5,
     steps: int = 20,
 ) -> Sweep:
-    """flux-cluster sweep. grid: {key: values} (values as Python values or strings) or ['KEY=V1,V2', ...].
+    """flux-cluster sweep. grid: {key: [values]} (a key is a config key's name; each item is one value, a
+    Python value or a string, commas included) or ['KEY=V1,V2', ...] as --grid takes them.
     Local (or here): returns when every point has ended; Slurm (submit: insist on it): once all are
     queued, points sharing a node count as one array (Sweep.wait()). dependency: Slurm, what the sweep's
     jobs wait for (afterok:JOBID)."""
     from flux_cluster.launch.sweep import SweepRequest, parse_grid, start_sweep
 
-    if isinstance(grid, Mapping):
-        items = [f"{key}={','.join(_set_value(v) for v in values)}" for key, values in grid.items()]
-    else:
-        items = list(grid)
     request = SweepRequest(
         system=system,
-        grid=parse_grid(items),
+        grid=_grid_mapping(grid) if isinstance(grid, Mapping) else parse_grid(list(grid)),
         job=job,
         overrides=list(overrides),
         synthetic=synthetic,
@@ -297,6 +294,28 @@ def open_sweep(spec: str | Path, runs_dir: Path | str | None = None, system: str
     from flux_cluster.launch.sweep import find_sweep
 
     return Sweep(find_sweep(spec, Path(runs_dir) if runs_dir is not None else None, system))
+
+
+def _grid_mapping(grid: Mapping[str, Iterable[Any]]) -> dict[str, list[str]]:
+    """{key: values} as a grid: each key a config key's name, each value one value (a string holding a
+    comma stays one), read no further than a grid may be long; a bad key or value is one line."""
+    from itertools import islice
+
+    from flux_cluster.launch.sweep import MAX_POINTS, check_grid
+
+    checked: dict[str, list[str]] = {}
+    for key, values in grid.items():
+        if not isinstance(key, str):
+            raise FluxClusterError(f"grid key {key!r}: expected a config key's name (a string)")
+        if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+            raise FluxClusterError(
+                f"grid {key[:80]!r}: expected a list of values, got {type(values).__name__}"
+            )
+        items = list(islice(values, MAX_POINTS + 1))
+        if len(items) > MAX_POINTS:
+            raise FluxClusterError(f"grid {key[:80]!r}: more than {MAX_POINTS} values (split the sweep)")
+        checked[key] = [_set_value(v) for v in items]
+    return check_grid(checked, "grid")
 
 
 def _set_value(value: Any) -> str:
@@ -337,12 +356,13 @@ def report(
     target: float | None = None,
     compare: tuple[Path | str, Path | str] | None = None,
     progress: "Tracker | None" = None,
+    check_timeout: float | None = None,
 ) -> Report:
     """flux-cluster report PATHS: result logs scored as MLPerf does, fine-tuning and evaluation figures,
     or sweep folders' points (read only: a running sweep's files are its runner's to write).
     compare=(A, B): A's and B's groups with B/A ratios (give no paths). target: the quality target for
-    logs that name none. progress: told the work to do, then each unit done. No result logs under a path:
-    NoResultsError."""
+    logs that name none. progress: told the work to do, then each unit done. check_timeout: seconds one
+    log's compliance check may take (None: the default). No result logs under a path: NoResultsError."""
     from flux_cluster.launch.sweep_state import is_sweep_folder
 
     roots = [Path(p) for p in paths]
@@ -365,6 +385,7 @@ def report(
         prices=dict(prices or {}),
         peak_tflops=peak_tflops,
         target=QUALITY_TARGET if target is None else target,
+        **({} if check_timeout is None else {"check_timeout": check_timeout}),
     )
 
     def harvest(where: list[Path]) -> "list[GroupResult]":

@@ -37,3 +37,14 @@ def markup_escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell: text gets its control characters spelled out (a CSV is read on terminals too), and a
+    leading quote where a spreadsheet would run it as a formula (OWASP CSV injection); others unchanged."""
+    if not isinstance(value, str):
+        return value
+    return "'" + printable(value) if value.startswith(_FORMULA_START) else printable(value)

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -327,3 +328,141 @@ def test_a_data_job_says_what_it_does_on_stdout(
     out, err = capsys.readouterr()
     assert out.startswith(f"[data] convert task 2 of 2: {workdir / 'src'} -> {workdir / 'out'}\n")
     assert "convert (task 2/2): 16/16 samples" in out and err == ""
+
+
+# ---- logs, status and failed submits (issues 27 and 31)
+
+
+def _finished_local_run(cli: CliRunner, workdir: Path, log: bytes) -> Path:
+    assert cli.invoke(app, ["submit", "--system", "local", "--dry-run"]).exit_code == 0
+    (run_dir,) = list_runs(workdir / "runs")
+    RunRecord(launcher="local", job_ids=[], submitted_at=0.0, pid=None, exit_code=0).save(run_dir)
+    (run_dir / "slurm" / "local.log").write_bytes(log)
+    return run_dir
+
+
+def test_logs_read_only_regular_files_inside_the_run_folder(cli: CliRunner, workdir: Path) -> None:
+    run_dir = _finished_local_run(cli, workdir, b"one\ntwo\nthree\n")
+    assert cli.invoke(app, ["logs"]).output == "one\ntwo\nthree\n"
+    assert cli.invoke(app, ["logs", "--tail", "2"]).output == "two\nthree\n"
+    secret = workdir / "secret.txt"
+    secret.write_text("outside the run folder\n")
+    log = run_dir / "slurm" / "local.log"
+    log.unlink()
+    log.symlink_to(secret)
+    line = error_line(cli.invoke(app, ["logs"]))
+    assert "local.log: a symbolic link; refused" in line and "outside the run" not in line
+    log.unlink()
+    (run_dir / "slurm").rmdir()
+    (run_dir / "slurm").symlink_to(workdir)  # the log folder itself leads out
+    (workdir / "local.log").write_text("outside the run folder\n")
+    assert "refused" in error_line(cli.invoke(app, ["logs"]))
+
+
+def test_logs_stream_a_big_log_in_flat_memory(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from flux_cluster.launch.track import copy_log
+
+    log = tmp_path / "job.log"
+    with log.open("wb") as out:
+        for _ in range(48):
+            out.write((b"x" * 1023 + b"\n") * 1024)  # 48 MiB
+    written = 0
+
+    def discard(text: str) -> None:
+        nonlocal written
+        written += len(text)
+
+    tracemalloc.start()
+    try:
+        offset = copy_log(log, tmp_path, 0, discard)
+        tail_offset = copy_log(log, tmp_path, 0, discard, tail=10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert offset == tail_offset == 48 * 1024 * 1024 and written == offset + 10 * 1024
+    assert peak < 24 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB for a 48 MiB log"
+
+
+def test_logs_stderr_of_a_local_run_and_status_of_a_dry_run_say_what_they_are(
+    cli: CliRunner, workdir: Path
+) -> None:
+    assert cli.invoke(app, ["submit", "--system", "local", "--dry-run"]).exit_code == 0
+    status = cli.invoke(app, ["status"], env={"COLUMNS": "300"})
+    assert status.exit_code == 0 and "None" not in status.output, status.output
+    assert "a dry run (--dry-run)" in status.output and "'bash job.sh'" in status.output
+    assert "NOT SUBMITTED" in status.output
+    (run_dir,) = list_runs(workdir / "runs")
+    RunRecord(launcher="local", job_ids=[], submitted_at=0.0, pid=None, exit_code=0).save(run_dir)
+    (run_dir / "slurm" / "local.log").write_text("stdout and stderr\n")
+    line = error_line(cli.invoke(app, ["logs", "--stderr"]))
+    assert "stdout and stderr together" in line and "drop --stderr" in line
+
+
+def test_status_and_runs_list_escape_control_characters(cli: CliRunner, workdir: Path) -> None:
+    run_dir = _finished_local_run(cli, workdir, b"")
+    hostile = run_dir.parent / "20990101-000000-x\x1b]0;pwned\x07"
+    run_dir.rename(hostile)
+    for command in (["status"], ["runs", "list"]):
+        result = cli.invoke(app, command, env={"COLUMNS": "300"})
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.output and "\x07" not in result.output
+        assert "\\x1b]0;pwned\\x07" in result.output
+
+
+def test_a_submit_that_never_started_leaves_no_run_folder(
+    cli: CliRunner, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = workdir / "tools"
+    tools.mkdir()
+    (tools / "sbatch").write_text(
+        "#!/bin/bash\n"
+        "echo 'sbatch: error: Batch job submission failed: Unable to contact slurm controller' >&2\n"
+        "exit 1\n"
+    )
+    (tools / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{sys.exec_prefix}/bin:/usr/bin:/bin")
+    assert (
+        cli.invoke(app, ["submit", "--system", "local_slurm", "--job", "preflight", "--dry-run"]).exit_code
+        == 0
+    )
+    (prepared,) = list_runs(workdir / "runs")
+    # an old never-started folder (from before this fix) is not the latest either
+    stale = prepared.parent / "20990101-000000-stale"
+    stale.mkdir()
+    (stale / "config.yaml").write_text((prepared / "config.yaml").read_text())
+    line = error_line(cli.invoke(app, ["submit", "--system", "local_slurm", "--job", "preflight"]))
+    assert "Unable to contact slurm controller" in line and "nothing started: removed its run folder" in line
+    assert list_runs(workdir / "runs") == [prepared, stale]
+    status = cli.invoke(app, ["status"], env={"COLUMNS": "300"})
+    assert status.exit_code == 0 and prepared.name in status.output, status.output
+
+
+def _help_pages(cli: CliRunner) -> dict[str, str]:
+    """Every command's help at 80 columns, by command path."""
+    import typer
+
+    pages = {}
+
+    def walk(command: Any, path: list[str]) -> None:
+        pages[" ".join(path)] = cli.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).output
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return pages
+
+
+def test_help_is_shown_as_typed_at_80_columns(cli: CliRunner) -> None:
+    """No markup eats '[task 3]', a flag shows no '<bool>', a choice list never breaks mid-word (its
+    choices are in the help text), a long default is never cut."""
+    pages = _help_pages(cli)
+    assert "[task 3]" in pages["logs"] and "[task 3]" in pages["runs logs"]
+    for path, page in pages.items():
+        for shown in ("<bool>", "<int", "<str>", "<path>", "<list", "\u2026"):
+            assert shown not in page, (path, shown, page)
+    report = pages["report"]
+    assert "FORMAT" in report and "One of: table, json, csv," in report and "html" in report
+    assert "|h" not in report and "tml>" not in report
+    assert "runs/evaluate/TIME-NAME/eval" in pages["evaluate"]

@@ -369,6 +369,8 @@ def test_evaluate_a_run_writes_the_contract_and_the_grid_via_its_slurm_job(
     assert set(val) == {"base", "tuned"} and val["base"] > 0 and val["tuned"] != val["base"]
     with Image.open(run_dir / "results" / "eval_0_grid.png") as grid:
         assert grid.format == "PNG" and grid.width == 2 * 64 and grid.height > 2 * 64  # base | tuned, 2 rows
+    kept = sorted(p.name for p in (run_dir / "results" / "eval_0_images").iterdir())
+    assert kept == ["p000_base.png", "p000_tuned.png", "p001_base.png", "p001_tuned.png"]  # full size
 
     # The report reads what evaluate wrote (on a CPU, peak memory null) with no warning beyond NOT
     # MEANINGFUL; this run has no result logs, so its evaluations form their system's group.
@@ -445,10 +447,15 @@ def test_evaluations_outside_a_run_reach_the_report_by_system_without_false_warn
     NOT MEANINGFUL; each system's evaluations are a group of the side-by-side table."""
     lora_json, done = evaluated
     assert done.returncode == 0, done.stderr[-3000:]
-    # The base model alone, the 8 built-in prompts once each (fewer runs than prompts): ./eval.json
+    # The base model alone, the 8 built-in prompts once each (fewer runs than prompts): its JSON goes
+    # under the runs folder (runs/evaluate/<time>-<name>/eval.json), not into the working folder
     base = ["evaluate", str(tiny_pipeline), *FAST, "--runs", "1", "--warmup", "0", "--system", "gpu_box"]
     result = cli.invoke(app, base)
     assert result.exit_code == 0, result.output
+    (written,) = (workdir / "runs" / "evaluate").glob(f"*-{tiny_pipeline.name}/eval.json")
+    assert not (workdir / "eval.json").exists()
+    (written.parent / "eval.json").rename(workdir / "eval.json")
+    (written.parent / "eval_grid.png").rename(workdir / "eval_grid.png")
     document = json.loads((workdir / "eval.json").read_text())
     assert document["latency"]["base"]["samples"] == 8 and document["latency"]["tuned"] is None
 
@@ -474,10 +481,10 @@ def test_evaluations_outside_a_run_reach_the_report_by_system_without_false_warn
         app, ["report", str(lora_json.parent), "eval.json", "--no-check", "-f", "md"]
     ).stdout
     side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
-    assert [row.split("|")[1:3] for row in side[2:]] == [
-        [" cpu_box ", " eval only "],
-        [" gpu_box ", " eval only "],
-    ]
+    header = [cell.strip() for cell in side[0].split("|")]
+    cells = [[cell.strip() for cell in row.split("|")] for row in side[2:]]
+    system, mode = header.index("system"), header.index("mode")
+    assert [(row[system], row[mode]) for row in cells] == [("cpu_box", "eval only"), ("gpu_box", "eval only")]
     page = cli.invoke(app, ["report", str(lora_json.parent), "eval.json", "--no-check", "-f", "html"]).stdout
     assert page.count('<img src="data:image/png;base64,') == 2 and "the base model alone" in page
     assert 'id="summary"' not in page  # no MLPerf groups here
@@ -526,3 +533,91 @@ def test_a_diverged_models_nan_figures_are_written_as_null() -> None:
     document = {"val_loss": {"base": 0.5, "tuned": float("nan")}, "latency": [float("inf")]}
     written = json.loads(_dumps(document))
     assert written == {"val_loss": {"base": 0.5, "tuned": None}, "latency": [None]}
+
+
+def test_prompt_files_are_regular_bounded_and_capped(tmp_path: Path) -> None:
+    """/dev/zero read until MemoryError, a FIFO hung, a 5 MB prompt cost 3 GB, a 300 MB file became 3.1 M
+    prompts: each is now one line, read in bounded memory."""
+    from flux_cluster.evaluate.run import MAX_PROMPT_CHARS, MAX_PROMPTS, read_prompts
+
+    def refused(path: Path | str) -> str:
+        with pytest.raises(FluxClusterError) as info:
+            read_prompts(Path(path))
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    assert "not a regular file" in refused("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in refused(fifo)  # returns at once: no writer is waited for
+    (tmp_path / "link").symlink_to(fifo)
+    assert "symbolic link" in refused(tmp_path / "link")
+    long = tmp_path / "long.txt"
+    long.write_text("a fox\n" + "x" * (MAX_PROMPT_CHARS + 1) + "\n")
+    assert f"line 2: a prompt of {MAX_PROMPT_CHARS + 1:,} characters; at most" in refused(long)
+    many = tmp_path / "many.txt"
+    many.write_text("# header\n" + "".join(f"prompt {i}\n" for i in range(MAX_PROMPTS + 1)))
+    assert f"more than {MAX_PROMPTS} prompts (line {MAX_PROMPTS + 2})" in refused(many)
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as handle:
+        handle.truncate(300 * 1024 * 1024)  # sparse: 300 MB on paper, nothing on disk
+    assert "the prompt file is over 4 MiB" in refused(huge)
+    exact = tmp_path / "exact.txt"
+    exact.write_text("".join(f"p{i}\n" for i in range(MAX_PROMPTS)) + "\n# done\n")
+    assert len(read_prompts(exact)) == MAX_PROMPTS
+
+
+def test_the_grid_is_small_enough_to_show_and_the_full_images_are_kept(tmp_path: Path) -> None:
+    """Eight 512 px prompts, base | tuned, made a 9.5 MB PNG the report would not show: the grid is
+    thumbnails in a palette PNG, and the full-size images are written beside it."""
+    import io
+
+    import numpy as np
+
+    from flux_cluster.evaluate.grid import MAX_ROWS, THUMBNAIL
+    from flux_cluster.evaluate.run import _write, grid_png
+
+    rng = np.random.default_rng(0)
+    noise = [Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)) for _ in range(MAX_ROWS)]
+    columns = [("base", noise), ("tuned", noise[::-1])]
+    png = grid_png(columns, [f"prompt {i}" for i in range(MAX_ROWS)])
+    assert len(png) < 3 * 1024 * 1024  # worst case (noise, 16 rows); the report shows up to 8 MiB
+    with Image.open(io.BytesIO(png)) as grid:
+        assert grid.format == "PNG" and grid.width == 2 * THUMBNAIL
+    json_path = tmp_path / "out" / "eval.json"
+    _write({"kind": "x"}, png, json_path, json_path.with_name("eval_grid.png"), columns[:1])
+    kept = sorted((tmp_path / "out" / "eval_images").iterdir())
+    assert len(kept) == MAX_ROWS and kept[0].name == "p000_base.png"
+    with Image.open(kept[0]) as first:
+        assert first.size == (512, 512)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "eval.json",
+        "eval_grid.png",
+        "eval_images",
+    ]
+
+
+def test_generations_show_images_per_second_and_time_left() -> None:
+    """A job's log (no terminal) gets a line every interval: images so far, images/s, seconds left."""
+    from flux_cluster.evaluate.latency import ImageProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    with ImageProgress("base", 10, lines.append, terminal=False, interval_s=30, clock=lambda: now[0]) as bar:
+        measure_latency(
+            lambda i: now.__setitem__(0, now[0] + 10),
+            runs=8,
+            warmup=2,
+            clock=lambda: now[0],
+            made=bar.advance,
+        )
+    assert lines[0] == "base: 3/10 images, 0.10 images/s, 70 s left" and len(lines) == 3
+
+
+def test_evaluates_default_output_is_under_the_runs_folder(workdir: Path, tiny_pipeline: Path) -> None:
+    from flux_cluster.evaluate.run import output_paths
+    from flux_cluster.evaluate.target import resolve_target
+
+    json_path, grid = output_paths(resolve_target(tiny_pipeline, 0), None)
+    assert json_path.parent.parent == (workdir / "runs" / "evaluate").absolute()
+    assert json_path.parent.name.endswith(f"-{tiny_pipeline.name}") and grid.name == "eval_grid.png"

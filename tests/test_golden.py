@@ -12,6 +12,7 @@ import pytest
 from flux_cluster.config import known_systems, load_system
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.launch.data_jobs import data_job_plan
+from flux_cluster.launch.evaluate_jobs import evaluate_slurm_system
 from flux_cluster.launch.plan import ArrayPlan, make_plan
 from flux_cluster.launch.render import render_array, render_script
 from flux_cluster.launch.submit import throughput_args
@@ -27,6 +28,8 @@ CASES += [(name, "throughput", 1) for name in ("dgx_h100x8", "mi300x8", "local")
 CASES += [(name, "data-convert", 1) for name in known_systems() if name != "local"]
 # a sweep's array: three throughput points sharing an allocation, two at a time, after other jobs
 CASES += [(name, "sweep-array", 1) for name in ("dgx_h100x8", "mi300x8", "local_slurm")]
+# the one-GPU evaluate job: one GPU's share of a node, not the whole node
+CASES += [(name, "evaluate", 1) for name in ("dgx_h100x8", "mi300x8")]
 
 
 def render_case(system: str, job: str, nexp: int) -> str:
@@ -37,6 +40,8 @@ def render_case(system: str, job: str, nexp: int) -> str:
     run_dir = Path(f"/runs/{job}/20260101-000000-{system}")
     if job == "sweep-array":
         return render_array(sweep_array(config))
+    if job == "evaluate":
+        config = evaluate_slurm_system(config, ())
     if job.startswith("data-"):
         plan = data_job_plan(config, job.removeprefix("data-"), run_dir, "prepare-data", "afterok:1000")
     else:

@@ -165,7 +165,9 @@ def test_the_reserved_names_come_from_the_templates() -> None:
     # What the ranks read, and variables of every launcher branch (pyxis, docker, bare metal, local).
     for expected in ("MASTER_PORT", "FLUX_SEED", "_fc_run_dir", "_fc_exp", "_fc_pyxis_args", "_fc_runtime"):
         assert expected in names
-    assert all(n.startswith(("_fc_", "FLUX_", "SLURM_", "MASTER_")) or n in ("HOME", "IFS") for n in names)
+    # PATH and LD_LIBRARY_PATH: only from paths.extra_path / paths.extra_library_path
+    allowed = ("HOME", "IFS", "PATH", "LD_LIBRARY_PATH")
+    assert all(n.startswith(("_fc_", "FLUX_", "SLURM_", "MASTER_")) or n in allowed for n in names)
     assert env_name_problem("NCCL_DEBUG") is None and env_name_problem("HF_HOME") is None
 
 
@@ -175,7 +177,8 @@ def test_no_script_variable_is_read_as_code_even_if_validation_let_it_through(
 ) -> None:
     """Defence in depth: with the name check bypassed, a hostile value under any name the script uses
     still runs nothing: no config value is read back in an arithmetic context."""
-    names = sorted({*script_names(), *HISTORIC_SCRIPT_NAMES} - {"IFS"})
+    # IFS, PATH, LD_LIBRARY_PATH would stop the stand-ins being found at all (the validator refuses them)
+    names = sorted({*script_names(), *HISTORIC_SCRIPT_NAMES} - {"IFS", "PATH", "LD_LIBRARY_PATH"})
     from_slurm = {"SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID"}  # checked as digits: the script stops there
     base = _resolved(system)
     for batch in ([n for n in names if n not in from_slurm], sorted(from_slurm)):
@@ -362,3 +365,194 @@ def test_cli_names_ending_in_a_line_break_are_refused(
     line = error_line(cli.invoke(app, ["submit", "--system", "local_slurm", "--dry-run", option, value]))
     assert option in line or "Slurm jobs need paths" in line
     assert not any(workdir.iterdir()), "nothing is created"
+
+
+# ---- names that act on the batch shell or the programs it starts (issue 27)
+
+# The bash manual, "Shell Variables" (Bourne shell and Bash variables), less LANG, LC_* and TMPDIR.
+BASH_MANUAL = """CDPATH HOME IFS MAIL MAILPATH OPTARG OPTIND PATH PS1 PS2 _ BASH BASHOPTS BASHPID BASH_ALIASES
+BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS BASH_COMMAND BASH_COMPAT BASH_ENV BASH_EXECUTION_STRING BASH_LINENO
+BASH_LOADABLES_PATH BASH_MONOSECONDS BASH_REMATCH BASH_SOURCE BASH_SUBSHELL BASH_TRAPSIG BASH_VERSINFO
+BASH_VERSION BASH_XTRACEFD CHILD_MAX COLUMNS COMP_CWORD COMP_KEY COMP_LINE COMP_POINT COMP_TYPE
+COMP_WORDBREAKS COMP_WORDS COMPREPLY COPROC DIRSTACK EMACS ENV EPOCHREALTIME EPOCHSECONDS EUID EXECIGNORE
+FCEDIT FIGNORE FUNCNAME FUNCNEST GLOBIGNORE GLOBSORT GROUPS histchars HISTCMD HISTCONTROL HISTFILE
+HISTFILESIZE HISTIGNORE HISTSIZE HISTTIMEFORMAT HOSTFILE HOSTNAME HOSTTYPE IGNOREEOF INPUTRC INSIDE_EMACS
+LINENO LINES MACHTYPE MAILCHECK MAPFILE OLDPWD OPTERR OSTYPE PIPESTATUS POSIXLY_CORRECT PPID PROMPT_COMMAND
+PROMPT_DIRTRIM PS0 PS3 PS4 PWD RANDOM READLINE_ARGUMENT READLINE_LINE READLINE_MARK READLINE_POINT REPLY
+SECONDS SHELL SHELLOPTS SHLVL SRANDOM TIMEFORMAT TMOUT UID""".split()  # noqa: SIM905
+LOADER_AND_GLIBC = """LD_PRELOAD LD_LIBRARY_PATH LD_AUDIT LD_BIND_NOW GCONV_PATH GLIBC_TUNABLES MALLOC_TRACE
+LOCPATH NLSPATH HOSTALIASES RES_OPTIONS TZDIR LOCALDOMAIN""".split()  # noqa: SIM905
+LAUNCHER = ["SRUN_CPUS_PER_TASK", "SBATCH_EXPORT", "SALLOC_PARTITION", "SLURM_EXPORT_ENV"]
+shell_acting_names = st.one_of(
+    st.sampled_from(BASH_MANUAL + LOADER_AND_GLIBC + LAUNCHER),
+    st.from_regex(r"(LD_|BASH_|SRUN_|SBATCH_)[A-Z0-9_]{0,6}", fullmatch=True),
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shell_acting_names)
+def test_names_that_act_on_the_batch_shell_are_refused_everywhere(name: str) -> None:
+    """--set, a config file and the API (SystemConfig) share one check: one line naming the key and why."""
+    with pytest.raises(FluxClusterError) as error:
+        load_system("local_slurm", [f"env.{name}=/x"], environ={})
+    message = str(error.value)
+    assert "\n" not in message and f"env.{name}: " in message and "cannot come from the config" in message
+    assert with_payload("local_slurm", env={name: "/x"}) is None
+    assert with_payload("local_slurm", secrets=[name]) is None
+
+
+def test_a_site_file_and_a_sweep_grid_refuse_them_too(cli: CliRunner, workdir: Path) -> None:
+    (workdir / "site.yaml").write_text("extends: local_slurm\nenv:\n  LD_PRELOAD: /tmp/evil.so\n")
+    line = error_line(cli.invoke(app, ["systems", "show", "site.yaml"]))
+    assert "site.yaml: env.LD_PRELOAD: " in line and "dynamic loader" in line
+    grid = ["sweep", "--system", "local_slurm", "--grid", "env.FUNCNEST=1,2", "--synthetic", "--dry-run"]
+    assert "env.FUNCNEST: FUNCNEST is read or set by bash itself" in error_line(cli.invoke(app, grid))
+
+
+@pytest.mark.parametrize(
+    "name", ["LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "NCCL_DEBUG", "PYTHONHASHSEED", "MALLOC_ARENA_MAX"]
+)
+def test_harmless_locale_and_tool_names_stay_allowed(name: str) -> None:
+    assert env_name_problem(name) is None
+
+
+def test_extra_path_entries_are_prepended_quoted(sandbox: Path) -> None:
+    dirs = ["/opt/site tools/bin", "/opt/$(touch PWNED)"]
+    config = with_payload("local_slurm", **{"paths.extra_path": dirs, "paths.extra_library_path": dirs[:1]})
+    assert config is not None
+    calls, _ = run_rendered(config, sandbox, probe_var="PATH")
+    ranks = [c for c in calls if "--kill-on-bad-exit=1" in c["argv"]]
+    assert ranks and all(c["probe"].startswith(":".join(dirs) + ":") for c in ranks)
+    calls, _ = run_rendered(config, sandbox, probe_var="LD_LIBRARY_PATH")
+    assert {c["probe"] for c in calls if "--kill-on-bad-exit=1" in c["argv"]} == {dirs[0]}
+    for bad in (["relative/bin"], ["/a:/b"], ["/a\x1b"]):
+        assert with_payload("local_slurm", **{"paths.extra_path": bad}) is None, bad
+
+
+# ---- raw control characters never reach the script text (issue 27)
+
+
+@pytest.mark.parametrize("system", ["local_slurm", "local"])
+def test_control_characters_in_values_are_escaped_in_the_script(
+    cli: CliRunner, workdir: Path, sandbox: Path, system: str
+) -> None:
+    value = "a\x1b[2Jb\x07c\u202ed\x85e'f\\g\n"
+    result = cli.invoke(app, ["submit", "--system", system, "--dry-run", "--set", f"env.HOSTILE={value}"])
+    assert result.exit_code == 0, result.output
+    assert "export HOSTILE=$'a\\x1b[2Jb\\x07c" in result.stdout
+    assert not any(c in result.output for c in "\x1b\x07\u202e\x85")
+    if system == "local_slurm":  # bash still gets the exact value
+        config = with_payload(system, env={"HOSTILE": value})
+        assert config is not None
+        calls, _ = run_rendered(config, sandbox, probe_var="HOSTILE")
+        assert {c["probe"] for c in calls if "--kill-on-bad-exit=1" in c["argv"]} == {value}
+
+
+def test_a_nul_in_an_env_value_is_one_line() -> None:
+    with pytest.raises(FluxClusterError, match=r"env.X: a NUL character") as error:
+        load_system("local_slurm", ["env.X=a\x00b"], environ={})
+    assert "\n" not in str(error.value)
+
+
+# ---- ids from a run folder never become Slurm options (issue 27)
+
+TOOL_RECORDER = """#!/bin/bash
+printf '%s\\n' "$(basename "$0") $*" >> "$FC_TOOL_RECORD"
+"""
+option_shaped_ids = st.one_of(
+    st.sampled_from(["--me", "--user=root", "--partition=debug", "-u", "--", "-1", "1 2", "1;id", "../x"]),
+    st.sampled_from(["12\n", "\u0661\u0662", "1_", "1_[", "12_[0-3]; id", "\x1b[2J", "", "+1"]),
+    st.from_regex(r"-{1,2}[a-z][a-z-]{0,8}(=[a-z0-9]{0,4})?", fullmatch=True),
+)
+
+
+@pytest.fixture
+def slurm_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Recording scancel/scontrol/sacct on PATH; returns the file their calls are written to."""
+    bin_dir = tmp_path / "tools"
+    bin_dir.mkdir()
+    for tool in ("scancel", "scontrol", "sacct", "squeue", "sbatch"):
+        (bin_dir / tool).write_text(TOOL_RECORDER)
+        (bin_dir / tool).chmod(0o755)
+    record = tmp_path / "tool-calls.txt"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FC_TOOL_RECORD", str(record))
+    return record
+
+
+def _slurm_run(root: Path, job_ids: list[Any]) -> Path:
+    import json
+
+    from flux_cluster.launch.rundir import write_run_config
+
+    run_dir = root / "runs" / "train" / "20260101-000000-local_slurm"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_run_config(run_dir, _resolved("local_slurm"), {"name": "train"})
+    (run_dir / "jobs.json").write_text(
+        json.dumps({"launcher": "slurm", "job_ids": job_ids, "submitted_at": 1.0})
+    )
+    return run_dir
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option_shaped_ids)
+def test_job_ids_from_jobs_json_never_reach_a_slurm_tool(
+    cli: CliRunner, workdir: Path, slurm_tools: Path, job_id: str
+) -> None:
+    from flux_cluster.launch import slurm
+
+    run_dir = _slurm_run(workdir, ["123", job_id])
+    for command in (["cancel", str(run_dir)], ["runs", "requeue", str(run_dir)], ["status", str(run_dir)]):
+        line = error_line(cli.invoke(app, command))
+        assert "jobs.json: job_ids: expected a list of Slurm job ids" in line
+        assert not any(c in line for c in "\x1b\n")
+    for call in (slurm.cancel, slurm.requeue, slurm.job_states):
+        with pytest.raises(FluxClusterError, match="is not a Slurm job id"):
+            call(["123", job_id], *([run_dir] if call is slurm.cancel else []))
+    with pytest.raises(FluxClusterError, match="is not a Slurm job id"):
+        slurm.job_info(job_id)
+    assert not slurm_tools.exists(), slurm_tools.read_text()
+
+
+def test_checked_job_ids_reach_scancel_and_scontrol_after_a_double_dash(
+    cli: CliRunner, workdir: Path, slurm_tools: Path
+) -> None:
+    run_dir = _slurm_run(workdir, ["123", "124_7", "125_[0-3%2]", "126+1"])
+    assert cli.invoke(app, ["cancel", str(run_dir)]).exit_code == 0
+    assert cli.invoke(app, ["runs", "requeue", str(run_dir)]).exit_code == 0
+    calls = slurm_tools.read_text().splitlines()
+    assert calls[:2] == ["scancel -- 123", "scancel -- 124_7"]
+    assert "scontrol -- requeue 126+1" in calls
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+        ('{"launcher": "slurm", "job_ids": [], "submitted_at": ' + "9" * 5000 + "}", "not valid JSON"),
+        ('{"launcher": "local", "job_ids": [], "submitted_at": 1, "pid": "self"}', "pid: expected null or a"),
+        ('{"launcher": "local", "job_ids": [], "submitted_at": 1, "pid": 1}', "pid: expected null or a"),
+        ('{"launcher": "local", "job_ids": [], "submitted_at": 1, "pid": true}', "pid: expected null or a"),
+        ('{"launcher": "local", "job_ids": "123", "submitted_at": 1}', "job_ids: expected a list"),
+        ('{"launcher": "rsh", "job_ids": [], "submitted_at": 1}', "launcher: expected one of"),
+        ('{"launcher": "local", "job_ids": []}', "submitted_at: missing"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
+def test_a_damaged_jobs_json_is_one_line_and_runs_list_goes_on(
+    cli: CliRunner, workdir: Path, content: str, expected: str
+) -> None:
+    good = _slurm_run(workdir, [])
+    (good / "jobs.json").write_text('{"launcher": "dry-run", "job_ids": [], "submitted_at": 1}')
+    bad = workdir / "runs" / "train" / "20260102-000000-local"
+    bad.mkdir()
+    (bad / "config.yaml").write_text((good / "config.yaml").read_text())
+    (bad / "jobs.json").write_text(content)
+    for command in (["cancel", str(bad)], ["status", str(bad)], ["logs", str(bad)]):
+        line = error_line(cli.invoke(app, command))
+        assert "jobs.json: " in line and expected in line, line
+    listing = cli.invoke(app, ["runs", "list"], env={"COLUMNS": "400"})
+    assert listing.exit_code == 0 and "Traceback" not in listing.output, listing.output
+    assert "train/20260101-000000-local_slurm" in listing.stdout and "NOT SUBMITTED" in listing.stdout
+    (skipped,) = listing.stderr.splitlines()
+    assert skipped.startswith("skipped train/20260102-000000-local: ") and expected in skipped

@@ -142,3 +142,33 @@ def test_a_log_that_fails_the_compliance_check_fails_the_job(tmp_path: Path, bin
     assert code == 1, output
     assert "repeat index 0 finished" not in output
     assert not list((case / "run" / "state").glob("exp_*.done"))
+
+
+@pytest.mark.parametrize(
+    ("system", "sets", "expected"),
+    [
+        ("dgx_h100x8", [], {"--cpus-per-task=14", "--mem=224G", "--gpus-per-node=1", "--ntasks-per-node=1"}),
+        ("mi300x8", [], {"--cpus-per-task=12", "--mem=176G", "--gpus-per-node=1"}),
+        # derived from the node's totals: an eighth of mem; cores are per task already
+        (
+            "dgx_h100x8",
+            ["slurm.one_gpu_mem=null", "slurm.mem=1800G"],
+            {"--mem=230400M", "--cpus-per-task=14"},
+        ),
+        # mem '0' (the whole node) and no one_gpu_mem: no --mem at all (Slurm's per-CPU default)
+        ("dgx_h100x8", ["slurm.one_gpu_mem=null", "slurm.one_gpu_cpus=8"], {"--cpus-per-task=8"}),
+    ],
+)
+def test_the_evaluate_job_asks_for_one_gpu_and_its_share_not_the_node(
+    system: str, sets: list[str], expected: set[str]
+) -> None:
+    from flux_cluster.launch.evaluate_jobs import evaluate_slurm_system
+    from flux_cluster.launch.plan import make_plan
+    from flux_cluster.launch.render import allocation
+
+    config = evaluate_slurm_system(load_system(system, sets, environ={}).config, ())
+    lines = allocation(make_plan(config, "evaluate", Path("/runs/evaluate/x"), "evaluate", 0))
+    directives = {line.removeprefix("#SBATCH ") for line in lines}
+    assert expected <= directives, directives
+    assert "--exclusive" not in directives
+    assert {d for d in directives if d.startswith("--mem")} == {e for e in expected if e.startswith("--mem")}

@@ -13,6 +13,7 @@ from data_helpers import make_energon_root, run_two_ranks
 
 from data_prep.format import DIMS, decode_tensor
 from data_prep.loader import load_empty_encodings, train_loader, val_loader
+from flux_cluster.training.checkpoint import to_plain
 
 HELPER = Path(__file__).parent / "helpers" / "load_ranks.py"
 TRAIN, VAL = 60, 21  # 21 val samples: the two ranks get unequal parts
@@ -84,14 +85,16 @@ def test_restored_loader_continues_in_a_fresh_process(root: Path, tmp_path: Path
     iterator = iter(loader)
     for _ in range(4):
         next(iterator)
-    torch.save(loader.save_state_rank(), tmp_path / "state.pt")
+    # As a checkpoint stores it: plain data, read back with weights_only=True.
+    torch.save(to_plain(loader.save_state_rank()), tmp_path / "state.pt")
     expected = [next(iterator) for _ in range(6)]
     code = (
         "import json, sys, torch; from pathlib import Path; from data_prep.format import DIMS; "
         "from data_prep.loader import train_loader; "
+        "from flux_cluster.training.checkpoint import from_plain; "
         "loader = train_loader(Path(sys.argv[1]), batch_size=4, rank=0, world_size=1, seed=5, "
         "cfg_dropout=0.5, dims=DIMS['tiny']); "
-        "loader.restore_state_rank(torch.load(sys.argv[2], weights_only=False)); "
+        "loader.restore_state_rank(from_plain(torch.load(sys.argv[2], weights_only=True))); "
         "batches = [b for _, b in zip(range(6), loader)]; "
         "print(json.dumps([[b.keys, b.caption_dropped.tolist()] for b in batches]))"
     )

@@ -105,7 +105,9 @@ def test_cancel_stops_every_process_of_a_local_run(cli: CliRunner, workdir: Path
         "--soak-seconds",
         "120",
     ]
-    runner = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runner = subprocess.Popen(
+        command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 60
     while True:
         runs = list_runs(workdir / "runs")
@@ -115,13 +117,17 @@ def test_cancel_stops_every_process_of_a_local_run(cli: CliRunner, workdir: Path
         time.sleep(0.2)
     result = cli.invoke(app, ["cancel"])
     assert result.exit_code == 0 and "stopped local run" in result.output
-    assert runner.wait(timeout=30) != 0
+    output, _ = runner.communicate(timeout=30)
+    assert runner.returncode != 0
+    # the submitting shell: one line from the launcher and the verdict, no torchrun traceback
+    assert "Traceback" not in output and "[launch] stopped by SIGTERM" in output, output
+    assert ": CANCELLED (no checkpoint written)" in output, output
     deadline = time.monotonic() + 20
     while _processes_mentioning(str(runs[0])):
         assert time.monotonic() < deadline, "ranks survived the cancel"
         time.sleep(0.2)
-    status = cli.invoke(app, ["status"])
-    assert "FAILED" in status.output
+    status = cli.invoke(app, ["status"], env={"COLUMNS": "300"})
+    assert "CANCELLED" in status.output and "FAILED" not in status.output, status.output
 
 
 HOLDER = """
@@ -183,3 +189,49 @@ def test_status_of_a_killed_run_and_of_one_that_resumed_later(cli: CliRunner, wo
     (run_dir / "state" / "exp_0.done").touch()
     status = cli.invoke(app, ["status"]).output
     assert "COMPLETED" in status and "FAILED" not in status, status
+
+
+def test_cancel_stops_what_holds_the_run_lock_and_status_names_the_checkpoint(
+    cli: CliRunner, workdir: Path
+) -> None:
+    """A job.sh killed with -9 left its rank holding the repeat's lock: cancel stops that holder, and the
+    run reads as CANCELLED with its last checkpoint, not as FAILED or 'not running'."""
+    run_dir = prepared_local_run(cli, workdir)
+    RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=None).save(run_dir)
+    checkpoint = run_dir / "checkpoints" / "exp_0" / "step_00000020"
+    checkpoint.mkdir(parents=True)
+    (run_dir / "checkpoints" / "exp_0" / "step_00000010").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        assert "RUNNING" in cli.invoke(app, ["status"]).output
+        result = cli.invoke(app, ["cancel"])
+        assert result.exit_code == 0 and f"lock holder {holder.pid}" in result.output, result.output
+        assert holder.wait(timeout=10) == -15
+    finally:
+        holder.kill()
+        holder.wait()
+    status = cli.invoke(app, ["status"], env={"COLUMNS": "400"})
+    assert f"CANCELLED (checkpoint {checkpoint.relative_to(workdir)})" in status.output, status.output
+    assert "is not running" in cli.invoke(app, ["cancel"]).output
+
+
+def test_cancel_never_signals_a_process_through_a_planted_lock_file(cli: CliRunner, workdir: Path) -> None:
+    """state/exp_<i>.lock is read from a folder others may write: a symlink to another program's lock
+    must not make 'cancel' stop that program."""
+    run_dir = prepared_local_run(cli, workdir)
+    RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=None).save(run_dir)
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(elsewhere)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert bystander.stdout is not None and bystander.stdout.readline().strip() == "locked"
+        (run_dir / "state").mkdir(exist_ok=True)
+        (run_dir / "state" / "exp_0.lock").symlink_to(elsewhere / "state" / "exp_0.lock")
+        assert "is not running" in cli.invoke(app, ["cancel"]).output
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -318,3 +318,19 @@ def test_encoders_bad_pipeline_folder_is_one_line(
     # nothing besides that line: no progress bars, no library report
     assert "\n" not in message and capsys.readouterr().err == "" and transformers_logs == []
     assert re.fullmatch(expected.format(f=re.escape(str(folder))) + ".*", message), message
+
+
+def test_torchaos_invalid_escape_warnings_never_reach_a_user(tmp_path: Path) -> None:
+    """Compiling a torchao source (no .pyc, as on the GPU image) warns of its invalid escapes."""
+    import subprocess
+    import sys
+
+    (tmp_path / "torchao").mkdir()
+    (tmp_path / "torchao" / "__init__.py").write_text('PATTERN = "a\\.b"\n')
+    code = "import flux_cluster.models.quiet, torchao"
+    env = {"PYTHONPATH": f"{tmp_path}:{Path.cwd()}", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    python = [sys.executable, "-W", "always", "-c"]  # 3.11 warns with an otherwise hidden DeprecationWarning
+    shown = subprocess.run([*python, code], env=env, capture_output=True, text=True, check=True)
+    assert "invalid escape sequence" not in shown.stderr
+    plain = subprocess.run([*python, "import torchao"], env=env, capture_output=True, text=True)
+    assert "invalid escape sequence" in plain.stderr  # the notice the filter drops

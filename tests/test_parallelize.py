@@ -237,3 +237,37 @@ def test_an_attention_backend_that_cannot_run_is_one_line() -> None:
         "train.attention_backend 'cudnn' cannot run attention on cpu (bfloat16, 4 heads x 32)"
     )
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("mode", "recipe"), [("full", "tensorwise"), ("ops", "rowwise")])
+def test_fp8_blocks_compile_whole_under_checkpointing_and_fsdp(
+    monkeypatch: pytest.MonkeyPatch, mode: str, recipe: str
+) -> None:
+    """Each fp8 block, checkpoint-wrapped and sharded as the job does it, compiles to one graph (torchao's
+    float8 casts and amax reductions inside it, no graph break), one per block kind. Dynamo's tracing is
+    what breaks graphs, so its 'eager' backend proves it without inductor's minutes."""
+    from torch._dynamo.utils import counters
+
+    compile_module = torch.nn.Module.compile
+    monkeypatch.setattr(
+        torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", **kw)
+    )
+    torch._dynamo.reset()
+    graphs_before, breaks_before = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    torch.manual_seed(0)
+    model = M.build_model(TINY.model_copy(update={"num_layers": 1, "num_single_layers": 1}))
+    parallelize(
+        model,
+        make_mesh(CPU, 1, 1),
+        CPU,
+        param_dtype=torch.bfloat16,
+        activation_checkpointing=mode,
+        compile_blocks=True,
+        precision="fp8",
+        fp8_recipe=recipe,
+    )
+    loss_of(model, torch.bfloat16).backward()
+    assert sum(counters["graph_break"].values()) == breaks_before, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] - graphs_before == 2  # the double- and single-stream block
+    assert all(p.grad is not None for p in model.parameters())
+    torch._dynamo.reset()

@@ -205,7 +205,7 @@ def test_evaluations_outside_runs_are_found_and_grouped_by_system(tmp_path: Path
     markdown = render_markdown(groups)
     assert "| system | benchmark |" not in markdown  # no MLPerf group, so no MLPerf table
     side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()[2:]
-    assert [row.split(" | ")[:2] for row in side] == [
+    assert [row.split(" | ")[:3:2] for row in side] == [  # (system, mode)
         ["| ft", "lora"],
         ["| aws_p5", "eval only"],
         ["| gcp_a3_highgpu", "eval only"],
@@ -325,11 +325,12 @@ def test_side_by_side_two_systems_with_a_price_per_system(
     markdown = cli.invoke(app, [*args, "--price", "3", "-f", "md"]).stdout  # a bare USD: the others
     side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
     b_row, a_row = side[2], side[3]  # cheapest first
-    assert b_row.startswith("| b | lora | 4 | H100 | 1 | 20.00 | 150.0 |")
+    assert b_row.startswith("| b | b | lora | 4 | H100 | 1 | 20.00 | 150.0 |")
     # ... and 1,000 images at 1/0.6 images/s on one GPU at $0.5/GPU-hour: $0.0833
     assert b_row.endswith("| 1.33 | 0.67 | 0.67 | measured | 0.6 | 0.72 | 0.08333 | 30.25 | 31.5 |")
     assert (
-        a_row.startswith("| a | lora | 8 | H100 | 2 | 32.00 | 100.0 |") and "| 4.27 | 6.40 | 12.80 |" in a_row
+        a_row.startswith("| a | a | lora | 8 | H100 | 2 | 32.00 | 100.0 |")
+        and "| 4.27 | 6.40 | 12.80 |" in a_row
     )
 
     compared = cli.invoke(app, ["report", "--compare", str(a), str(b), "--no-check", "-f", "json"])

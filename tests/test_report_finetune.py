@@ -5,6 +5,7 @@ loop writes them (config.yaml, results/result_<i>.txt, metrics_<i>.jsonl with it
 import csv
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,9 @@ def test_fine_tuning_groups_side_by_side_with_their_gpu_hours_cost_and_losses(
 
     markdown = render_markdown([a, b])
     side = markdown.split("## Fine-tuning, side by side")[1].split("\n\n")[1].splitlines()
-    assert side[2].startswith("| b | lora | 4 |") and side[3].startswith("| a | lora | 8 |")  # cheapest first
+    assert side[2].startswith("| b | b | lora | 4 |") and side[3].startswith(
+        "| a | a | lora | 8 |"
+    )  # cheapest
     assert (
         "| 32.00 | 100.0 | 12.50 | 640 | 0.4200 | 0.4700 | 61.5 | 4.27 | 8.53 | 17.07 | measured |" in side[3]
     )
@@ -247,3 +250,37 @@ def test_summaries_whose_mean_overflows_give_no_figure_not_a_crash(tmp_path: Pat
     run = fine_tuning_run(tmp_path / "crafted", minutes=[30.0, 31.0], summaries=[huge, huge])
     (group,) = build([run], Options())
     assert group.best_eval_loss is None and group.images_per_s is None and group.final_eval_loss == 0.47
+
+
+def test_one_throughput_in_every_format(tmp_path: Path) -> None:
+    """The summary's images/s (measured steps alone: 100) is the run's throughput everywhere; the log's
+    training blocks (80 images/s, first-step compile included) appear nowhere."""
+    (group,) = build([fine_tuning_run(tmp_path / "one")], Options(check=False))
+    assert group.throughput_samples_per_s == group.images_per_s == pytest.approx(100.0)
+    assert group.throughput_per_accelerator == group.images_per_s_per_accelerator == pytest.approx(12.5)
+    document = json.loads(render_json([group]))["groups"][0]
+    assert document["throughput_samples_per_s"] == document["images_per_s"] == 100.0
+    assert document["runs"][0]["throughput_samples_per_s"] == 100.0
+    (row,) = csv.DictReader(io.StringIO(render_csv([group])))
+    assert float(row["throughput_per_accelerator"]) == float(row["images_per_s_per_accelerator"]) == 12.5
+    out = io.StringIO()
+    print_tables([group], Console(file=out, width=300), checked=False)
+    page = render_html([group], checked=False)
+    html_text = re.sub(r"<svg.*?</svg>", "", page, flags=re.S)  # (plot coordinates hold any digits)
+    for name, text in (("table", out.getvalue()), ("md", render_markdown([group])), ("html", html_text)):
+        assert "12.50" in text and "100.0" in text, name
+        assert "10.00" not in text and "80.0" not in text, name  # the log's block figure, per GPU and all
+    bars = page.split('aria-label="Throughput"')[1].split("</figure>")[0]
+    assert "12.50" in bars
+
+
+def test_several_runs_on_one_system_are_told_apart_by_their_run_name(tmp_path: Path) -> None:
+    roots = [fine_tuning_run(tmp_path / name) for name in ("lora-rank4", "lora-rank16")]
+    for root in roots:  # the same system for both
+        config = json.loads((root / "config.yaml").read_text())
+        config["system"]["name"] = "local"
+        (root / "config.yaml").write_text(json.dumps(config))
+    out = io.StringIO()
+    print_tables(build(roots, Options(check=False)), Console(file=out, width=300), checked=False)
+    side = out.getvalue().split("Fine-tuning, side by side")[1]
+    assert "lora-rank4" in side and "lora-rank16" in side

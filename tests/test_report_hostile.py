@@ -3,6 +3,8 @@
 import csv
 import io
 import json
+import re
+import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -14,11 +16,13 @@ from test_report import GROUP, sample
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
+from flux_cluster.mlperf_rules import compliance_verdict
 from flux_cluster.report import compliance, harvest
 from flux_cluster.report.discover import find_inputs
 from flux_cluster.report.formats import print_tables, render_csv, render_markdown
 from flux_cluster.report.harvest import RunResult, harvest_run
 from flux_cluster.report.scoring import GroupResult
+from flux_cluster.safe_text import printable
 
 __all__ = ["sample"]  # test_report's fixture (the real v5.1 logs, unpacked once), used here too
 
@@ -107,14 +111,16 @@ def test_markdown_and_csv_carry_no_html_formulas_or_control_characters() -> None
         assert raw not in markdown, raw
     assert "&lt;script&gt;" in markdown
     table_rows = [line for line in markdown.splitlines() if line.startswith("|")]
-    assert {line.count("|") for line in table_rows} == {15, 18}  # a pipe in a cell splits no cell
+    assert {line.count("|") for line in table_rows} == {15, 19}  # a pipe in a cell splits no cell
     assert f"`/r/{HOSTILE[:20]}" not in markdown  # the path is no code span to break out of
 
-    (row,) = csv.DictReader(io.StringIO(render_csv([group])))
-    assert row["system"] == HOSTILE  # starts with '<': no formula
+    text = render_csv([group])
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f\u202e]", text), repr(text)  # cat report.csv: no ESC
+    (row,) = csv.DictReader(io.StringIO(text))
+    assert row["system"] == printable(HOSTILE) and "\\x1b[2J" in row["system"]  # '<': no formula
     assert row["submitter"] == "'+cmd|' /C calc'!A0"
-    assert row["accelerator_model"] == "'@SUM(1+1)" and row["ruleset"] == "'\t=1+1"
-    assert row["path"] == f"/r/{HOSTILE}" and row["accelerators"] == "8"  # the rest as it was
+    assert row["accelerator_model"] == "'@SUM(1+1)" and row["ruleset"] == "'\\x09=1+1"
+    assert row["path"] == f"/r/{printable(HOSTILE)}" and row["accelerators"] == "8"  # the rest as it was
     minus = GroupResult(**{**group.__dict__, "system": "-2+3", "path": "=1", "runs": []})
     (row,) = csv.DictReader(io.StringIO(render_csv([minus])))
     assert row["system"] == "'-2+3" and row["path"] == "'=1"
@@ -234,4 +240,44 @@ def test_out_of_range_numbers_are_one_line_each_never_a_crash(
     assert any("1 malformed" in w for w in bad_group["runs"][2]["warnings"]), bad_group["runs"][2]["warnings"]
     assert "block_start/block_stop without samples_count: no throughput" in bad_group["runs"][2]["warnings"]
     assert good_group["accelerators"] == 16 and good_group["olympic_minutes"]
-    assert good_group["warnings"] == ["3 of the 10 runs a flux1 submission needs"]
+    assert "give --ruleset" in good_group["warnings"][0]  # no vX.Y in the path, no 6.1.0 key in the logs
+    assert good_group["warnings"][1:] == ["3 of the 10 runs a flux1 submission needs"]
+
+
+def test_the_checker_reads_a_big_log_in_flat_memory_and_fast(sample: Path, tmp_path: Path) -> None:
+    """Only :::MLLOG lines reach the official parser, streamed; an over-long one is counted and dropped;
+    a 60 KB MLLOG line (quadratic in the parser's own regex: seconds each) costs nothing."""
+    log = _log(sample)
+    body = log.index(b"\n", log.index(b'"run_start"')) + 1
+    stats = next(line for line in log.splitlines(keepends=True) if b'"tracked_stats"' in line)
+    noisy = stats.replace(b'"metadata": {', b'"metadata": {"pad": "' + b"x" * 60_000 + b'", ', 1)
+    big = tmp_path / "big.txt"
+    with big.open("wb") as out:
+        out.write(log[:body])
+        out.write(b"garbage that is no MLLOG line\n" * 700_000)  # ~21 MB the parser never sees
+        out.write(noisy * 20)  # each took the official parser 2 s of CPU
+        out.write(b":::MLLOG " + b"\0" * (1 << 20) + b"\n")  # a crash's NUL fill: dropped
+        out.write(log[body:])
+    started = time.monotonic()
+    (passed, messages), peak = _peak(compliance.check_log, big, "5.1.0")
+    assert time.monotonic() - started < 20 and peak < 40e6, f"{peak / 1e6:.1f} MB"
+    assert messages[-1] == "1 :::MLLOG line(s) over 256 KiB not given to the checker", messages
+    assert (passed, messages[:-1]) == compliance.check_log(sample / GROUP / "result_0.txt", "5.1.0")
+    started = time.monotonic()  # the job's compliance step reads it the same way
+    line, code = compliance_verdict(big, "5.1.0", tmp_path / "checker.log")
+    assert (line, code) == ("big.txt passed the MLPerf 5.1.0 compliance check", 0)
+    assert time.monotonic() - started < 20
+
+
+def test_a_check_past_its_deadline_is_that_runs_verdict(sample: Path, tmp_path: Path, cli: CliRunner) -> None:
+    log = sample / GROUP / "result_0.txt"
+    (verdict,) = compliance.check_logs([(log, "5.1.0")], timeout=0.01)
+    assert verdict == (0, False, ["compliance check timed out after 0.01 s"])
+    result = cli.invoke(
+        app, ["report", str(log), "--check-timeout", "0.01", "--ruleset", "5.1.0", "-f", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)["groups"][0]["runs"]
+    assert run["compliance"] == "failed" and run["compliance_messages"] == [
+        "compliance check timed out after 0.01 s"
+    ]

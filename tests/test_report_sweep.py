@@ -5,6 +5,7 @@ per node count (never an oom or failed one), the plots and when they are left ou
 import csv
 import io
 import json
+import warnings
 from itertools import product
 from pathlib import Path
 
@@ -292,3 +293,26 @@ def test_several_sweeps_render_a_section_each(mbs_sweep: Path, nodes_sweep: Path
     assert markdown.count("### Best point per node count") == 2
     html = sweep.render_html(reports)
     assert html.count('<section class="sweep">') == 2 and html.count("<svg") == 3
+
+
+def test_an_all_failed_sweep_reports_without_a_library_warning(cli: CliRunner, tmp_path: Path) -> None:
+    grid = {MBS: ["4", "8", "16", "32"], COMPILE: ["false", "true"], "nodes": ["1", "2", "4"]}
+    make_sweep(tmp_path / "failed", grid, {i: ("failed", None) for i in range(24)})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        page = report(cli, str(tmp_path / "failed"), "--format", "html")
+    assert not caught, [str(w.message) for w in caught]  # matplotlib's constrained_layout, say
+    assert "not shown: 16 more (see the tables)" in page
+
+
+def test_csv_carries_no_control_characters(cli: CliRunner, tmp_path: Path) -> None:
+    state = make_sweep(tmp_path / "esc", {MBS: ["1", "2"]}, {0: 10.0, 1: ("failed", None)})
+    state.points[1].error = "NCCL \x1b[2J\x07 timeout \u202e=cmd"
+    state.save(tmp_path / "esc")
+    make_sweep(tmp_path / "other", {MBS: ["4"]}, {0: 5.0})
+    written = (tmp_path / "esc" / SUMMARY_FILE).read_text()  # the sweep's own runs_summary.csv
+    for others in ([], [str(tmp_path / "other")]):  # one sweep's CSV, and several sweeps'
+        text = report(cli, str(tmp_path / "esc"), *others, "--format", "csv")
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, repr(text)
+        assert "NCCL \\x1b[2J\\x07 timeout \\u202e=cmd" in text
+    assert "\x1b" not in written and "NCCL \\x1b[2J\\x07 timeout \\u202e=cmd" in written

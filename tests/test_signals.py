@@ -126,3 +126,46 @@ def test_ranks_die_with_a_killed_torchrun(tmp_path: Path) -> None:
     while Path(f"/proc/{rank}").exists() and "zombie" not in Path(f"/proc/{rank}/status").read_text():
         assert time.monotonic() < deadline, "the rank outlived torchrun"
         time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "zombie" in status.read_text()
+    except OSError:
+        return True
+
+
+def test_a_killed_job_script_takes_the_local_launcher_and_its_ranks_with_it(tmp_path: Path) -> None:
+    """kill -9 of a local run's job.sh: the launcher (torchrun) gets SIGTERM from the kernel, stops its
+    ranks and says so in one line, no traceback; nothing is left training or holding the run's lock."""
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN_RANK)
+    out_file = tmp_path / "out.txt"
+    launch = f"{sys.executable} -m flux_cluster.jobs.local_launch --standalone --nproc-per-node=1 {script}"
+    with out_file.open("w") as out:
+        job_sh = subprocess.Popen(
+            ["bash", "-c", f"{launch}; echo unreachable"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while "rank up" not in out_file.read_text():
+        assert job_sh.poll() is None and time.monotonic() < deadline, out_file.read_text()
+        time.sleep(0.1)
+    (launcher,) = _children(job_sh.pid)
+    (rank,) = _children(launcher)
+    os.kill(job_sh.pid, signal.SIGKILL)  # the script alone, as 'kill -9 PID' does
+    job_sh.wait()
+    deadline = time.monotonic() + 40
+    while not (_gone(launcher) and _gone(rank)):
+        assert time.monotonic() < deadline, "the launcher or its rank outlived the killed job script"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while "stopped by SIGTERM" not in out_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    output = out_file.read_text()
+    assert "[launch] stopped by SIGTERM: the ranks were stopped" in output and "Traceback" not in output, (
+        output
+    )

@@ -20,7 +20,16 @@ from flux_cluster import api
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.launch import slurm
-from flux_cluster.launch.sweep import SweepRequest, create_sweep, parse_grid, run_sweep, start_sweep
+from flux_cluster.launch.sweep import (
+    ONE_STEP_NOTE,
+    SweepRequest,
+    create_sweep,
+    parse_grid,
+    plan_sweep,
+    print_plan,
+    run_sweep,
+    start_sweep,
+)
 from flux_cluster.launch.sweep_state import SUMMARY_FILE, SWEEP_FILE, SweepState
 from flux_cluster.training.throughput import OOM_EXIT_CODE, TEST_OOM_ENV
 
@@ -461,4 +470,80 @@ def test_the_api_refuses_bad_sweep_numbers_before_writing_anything(
 ) -> None:
     with pytest.raises(FluxClusterError, match=message):
         api.sweep("local", {"train.micro_batch_size": [1]}, synthetic=True, name="numbers", **numbers)
+    assert not (workdir / "runs").exists()
+
+
+def test_a_throughput_sweep_scales_the_global_batch_per_point(workdir: Path) -> None:
+    """The README's first sweep: 32 ranks x micro-batch 32 does not split a global batch of 512, and a
+    throughput point needs none: each point trains one step's worth, and the plan says so."""
+    grid = parse_grid(["train.micro_batch_size=4,32", "train.compile=false,true", "nodes=1,4"])
+    request = SweepRequest("dgx_h100x8", grid, synthetic=True, submit=True, max_parallel=4)
+    plan = plan_sweep(request)
+    batches = {
+        (p.values["train.micro_batch_size"], p.values["nodes"]): gbs
+        for p, gbs in zip(plan.points, plan.global_batch, strict=True)
+    }
+    assert batches == {("4", "1"): 32, ("4", "4"): 128, ("32", "1"): 256, ("32", "4"): 1024}
+    assert plan.points[-1].derived[0] == "train.global_batch_size=1024"
+    console = Console(record=True, width=200)
+    print_plan(plan, console)
+    assert ONE_STEP_NOTE in console.export_text()
+    assert not (workdir / "runs").exists()  # a plan writes nothing
+    # a global batch given by --set or the grid is kept, and checked as before
+    fixed = replace(request, overrides=["train.global_batch_size=512"])
+    with pytest.raises(FluxClusterError, match=r"sweep point \d+ \(.*\): train.global_batch_size: 512"):
+        plan_sweep(fixed)
+
+
+def test_sweep_dry_run_prints_the_plan_and_writes_nothing(workdir: Path) -> None:
+    args = [
+        "sweep",
+        "--system",
+        "dgx_h100x8",
+        "--grid",
+        "train.micro_batch_size=4,32",
+        "--grid",
+        "nodes=1,4",
+        "--synthetic",
+        "--submit",
+        "--dry-run",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "micro_batch_size x ranks" in result.output and "nothing submitted" in result.output
+    assert "1024" in result.output
+    assert not (workdir / "runs").exists()
+
+
+def test_a_huge_grid_is_counted_before_it_is_expanded() -> None:
+    """4 keys of 100 values are 10^8 points: one line, at once, without making them."""
+    values = ",".join(map(str, range(100)))
+    items = [f"{key}={values}" for key in ("a", "b", "c", "d")]
+    with pytest.raises(FluxClusterError, match=r"^the grid has 100000000 points; at most 512"):
+        parse_grid(items)
+    huge = SweepRequest("local", {k: [str(i) for i in range(100)] for k in "abcd"}, synthetic=True)
+    with pytest.raises(FluxClusterError, match="100000000 points"):
+        plan_sweep(huge)
+    result = CliRunner().invoke(app, ["sweep", *(f"--grid={item}" for item in items)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "100000000 points" in result.output
+
+
+def test_the_api_takes_grid_lists_as_lists_and_keys_as_names(workdir: Path) -> None:
+    """{"env.NCCL_ALGO": ["Ring,Tree"]} is one point with that value; a key holding '=' or ',' is refused."""
+    from flux_cluster.api import _grid_mapping
+
+    assert _grid_mapping({"env.NCCL_ALGO": ["Ring,Tree"], "nodes": [1, 2]}) == {
+        "env.NCCL_ALGO": ["Ring,Tree"],
+        "nodes": ["1", "2"],
+    }
+    for bad, why in (
+        ({"env.X=1,2": [1]}, "grid key 'env.X=1,2': expected a config key"),
+        ({"nodes,train.compile": [1]}, "expected a config key"),
+        ({"nodes": "12"}, "expected a list of values"),
+        ({"nodes": []}, "expected a list of non-empty values"),
+        ({"nodes": iter(range(10**9))}, "more than 512 values"),
+    ):
+        with pytest.raises(FluxClusterError, match=re.escape(why)):
+            api.sweep("local", bad, synthetic=True)
     assert not (workdir / "runs").exists()

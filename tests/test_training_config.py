@@ -172,3 +172,35 @@ def test_a_bad_per_workload_section_is_one_line_naming_file_and_key(
     message = str(caught.value)
     assert "\n" not in message and "site.yaml" in message and problem in message
     assert "expected benchmarks.<workload>.<train key> (workloads: finetune, flux1)" in message
+
+
+def test_gpu_systems_default_to_auto_checkpointing_resolved_by_their_gpu_memory() -> None:
+    """Every GPU system states its GPU's memory and leaves activation checkpointing to 'auto', which the
+    job resolves against it (training/memory.py); an explicit mode still wins; a CPU system's 'auto' is
+    full (the default before 'auto'), and 'local' keeps its explicit false (none)."""
+    from flux_cluster.training.memory import resolve_checkpointing
+
+    expected = {"dgx_h100x8": 80, "dgx_h200x8": 141, "dgx_b200x8": 180, "gb200_nvl72": 186, "mi300x8": 192}
+    expected |= {"mi325x8": 256, "mi355x8": 288, "local_gpu": 80, "ondemand_h100x8": 80}
+    for name, gb in expected.items():
+        system = load_system(name, []).config
+        assert system.gpu_memory_gb == gb, name
+        assert system.train.activation_checkpointing == "auto", name
+    h100 = load_system("dgx_h100x8", []).config
+    mode, choice = resolve_checkpointing(resolve_training(h100), h100.gpu_memory_gb)
+    assert choice is not None and mode == choice.mode and choice.budget_gb == pytest.approx(72)
+    assert choice.estimate_gb <= choice.budget_gb or mode == "full"
+    explicit = plan_for("dgx_h100x8", "train.activation_checkpointing=ops")
+    assert resolve_checkpointing(explicit, 80) == ("ops", None)
+    cpu = plan_for("local_slurm", "train.activation_checkpointing=auto")
+    assert resolve_checkpointing(cpu, load_system("local_slurm", []).config.gpu_memory_gb)[0] == "full"
+    assert plan_for("local").train.activation_checkpointing == "none"
+
+
+def test_systems_show_calls_fp8_experimental_with_its_measured_ratio(cli: CliRunner) -> None:
+    from flux_cluster.config.training import FP8_STATUS
+
+    fp8 = cli.invoke(app, ["systems", "show", "dgx_h100x8", "--set", "train.precision=fp8"])
+    assert fp8.exit_code == 0 and FP8_STATUS in fp8.output and "1.16x" in FP8_STATUS
+    bf16 = cli.invoke(app, ["systems", "show", "dgx_h100x8"])
+    assert bf16.exit_code == 0 and "experimental" not in bf16.output

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's two commands:
 #   tools/dev.sh run    set up, then run the main job on the embedded default (--system local)
-#   tools/dev.sh test   set up (Python deps; Slurm + shellcheck Debian packages when root), then run all tests
+#   tools/dev.sh test   set up (Python deps; as root the Debian packages below and Slurm's), then run all tests
 # Also: tools/dev.sh setup (set-up only), tools/dev.sh lint, tools/dev.sh lock (re-resolve requirements/runtime.lock).
 set -euo pipefail
 

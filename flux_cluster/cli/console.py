@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 
 def _help_without_emoji() -> None:
-    """Typer renders help text through rich markup, whose emoji codes turn 'afterany:1234:1235' into
-    'afterany🔢1235'; Typer has no setting for it, so its text builder is wrapped, once, with emoji off."""
+    """Typer renders help text through rich markup: its emoji codes turn 'afterany:1234:1235' into
+    'afterany🔢1235' and its tags eat '[task 3]'. Typer has no setting for either, so its text builder is
+    wrapped, once: help is plain text ('\\[' still reads as '[', as rich markup has it), emoji off."""
     from rich.text import Text
     from typer import rich_utils
 
@@ -29,10 +30,54 @@ def _help_without_emoji() -> None:
             return original(text=text, style=style, markup_mode=markup_mode)
         import inspect
 
-        return rich_utils.highlighter(Text.from_markup(inspect.cleandoc(text), style=style, emoji=False))
+        plain = inspect.cleandoc(text).replace("\\[", "[")
+        return rich_utils.highlighter(Text(plain, style=style, overflow="fold"))  # a long path: never cut
 
     make_rich_text._emoji_off = True  # type: ignore[attr-defined]
     rich_utils._make_rich_text = make_rich_text
+    _readable_types()
+
+
+_TYPE_NAMES = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "Path": "PATH"}
+
+
+def _readable_types() -> None:
+    """Typer shows an option's type as '<bool>' for a flag (which takes no value), '<int range>' and
+    '<table|json|csv|md|html>' (cut mid-word in a narrow window). Shown instead: nothing for a flag, the
+    metavar where one is given, else click's words (TEXT, INTEGER, PATH; a choice: its name in capitals,
+    its choices listed in the help text)."""
+    from typer import core, rich_utils
+
+    def display_type_rich(self: Any, ctx: "click.Context") -> str | None:
+        if getattr(self, "is_flag", False):
+            return None
+        if self.metavar is not None:
+            return str(self.metavar)
+        descriptor = self.type_descriptor
+        if descriptor.is_choice:
+            long = [o for o in getattr(self, "opts", []) if o.startswith("--")]
+            label = (long[0][2:] if long else self.name or "value").upper().replace("-", "_")
+        else:
+            bare = self.display_type(ctx).strip("<>").removesuffix(" range")
+            inner = bare.removeprefix("list[").removesuffix("]")
+            label = _TYPE_NAMES.get(inner, inner.upper()) + ("..." if inner != bare else "")
+        return label + ("..." if self.nargs != 1 and not label.endswith("...") else "")
+
+    original_help = rich_utils._get_parameter_help
+
+    def parameter_help(*, param: Any, ctx: "click.Context", markup_mode: Any) -> Any:
+        columns = original_help(param=param, ctx=ctx, markup_mode=markup_mode)
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is not None and descriptor.is_choice and descriptor.choices and param.metavar is None:
+            from rich.text import Text
+
+            choices = ", ".join(str(getattr(c, "value", c)) for c in descriptor.choices)
+            columns.renderables.insert(1, Text(f"One of: {choices}.", style=rich_utils.STYLE_OPTION_HELP))
+        return columns
+
+    core._TyperParameter.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    rich_utils._get_parameter_help = parameter_help
 
 
 class Command(TyperCommand):

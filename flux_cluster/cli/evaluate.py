@@ -34,7 +34,9 @@ def evaluate(
     prompts: Annotated[
         Path | None,
         typer.Option(
-            "--prompts", help="Prompts, one per line \\[default: 8 built-in prompts].", show_default=False
+            "--prompts",
+            help="Prompts, one per line (at most 256 of 4,096 characters) \\[default: 8 built-in prompts].",
+            show_default=False,
         ),
     ] = None,
     runs: Annotated[
@@ -85,7 +87,8 @@ def evaluate(
         Path | None,
         typer.Option(
             "--output",
-            help="The JSON to write outside a run \\[default: ./eval.json]; the grid goes beside it.",
+            help="The JSON to write outside a run \\[default: runs/evaluate/TIME-NAME/eval.json]; the grid "
+            "and the full-size images go beside it.",
             show_default=False,
         ),
     ] = None,

@@ -11,7 +11,7 @@ import typer
 
 from flux_cluster.cli.options import RunsDirOption
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.mlperf_rules import QUALITY_TARGET, RULESETS
+from flux_cluster.mlperf_rules import CHECK_TIMEOUT_S, QUALITY_TARGET, RULESETS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -55,10 +55,19 @@ def report(
             "(as in the result_summarizer). --no-check scores every run whose run_stop says success.",
         ),
     ] = True,
+    check_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="Longest one log's compliance check may take; past it, that run fails, saying so.",
+        ),
+    ] = CHECK_TIMEOUT_S,
     ruleset: Annotated[
         RulesetChoice | None,
         typer.Option(
-            help="Compliance ruleset \\[default: the run config's; else 'vX.Y' in the path; else 5.1.0].",
+            help="Compliance ruleset for every log \\[default: the run config's; else the logs' (6.1.0 keys, "
+            "6.x evaluation_frequency); else 'vX.Y' in the path; else 5.1.0, with a warning to give this].",
             show_default=False,
         ),
     ] = None,
@@ -111,6 +120,7 @@ def report(
             raise typer.Exit(NOTHING_FOUND_EXIT_CODE)
     options = {
         "check": check,
+        "check_timeout": check_timeout,
         "ruleset": ruleset.value if ruleset else None,
         "price": every,
         "prices": prices,

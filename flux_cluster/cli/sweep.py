@@ -89,6 +89,14 @@ def sweep(
     wait: Annotated[
         bool, typer.Option("--wait", help="Slurm: wait for every point, then summarise.")
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check every point and print the sweep's plan (points, ranks, global batch); write and "
+            "submit nothing.",
+        ),
+    ] = False,
 ) -> None:
     """Run one short job per point of a grid and write runs_summary.csv: which configuration is fastest on
     this system, and what it costs. A point that fails or runs out of memory is recorded and the rest go on.
@@ -112,6 +120,8 @@ def sweep(
     }
     if resume is not None:
         given = [flag for flag, value in chosen.items() if _given(value)]
+        if dry_run:
+            given.append("--dry-run")
         if given:
             raise FluxClusterError(
                 f"--resume keeps the sweep's own grid and options: give no {', '.join(given)} "
@@ -120,22 +130,33 @@ def sweep(
         handle = api.open_sweep(resume, runs_dir, system).resume(dependency=dependency)
     else:
         optional = {"job": job, "warmup_steps": warmup_steps, "steps": steps}
-        handle = api.sweep(
-            system,
-            grid or [],
-            overrides=overrides or [],
-            synthetic=synthetic,
-            name=name,
-            runs_dir=runs_dir,
-            here=here,
-            submit=submit,
-            max_parallel=max_parallel,
-            dependency=dependency,
+        options: dict[str, Any] = {
+            "overrides": overrides or [],
+            "synthetic": synthetic,
+            "name": name,
+            "runs_dir": runs_dir,
+            "here": here,
+            "submit": submit,
+            "max_parallel": max_parallel,
+            "dependency": dependency,
             **{key: value for key, value in optional.items() if value is not None},
-        )
+        }
+        if dry_run:
+            _print_plan(system, grid or [], options)
+            return
+        handle = api.sweep(system, grid or [], **options)
     state = handle.wait() if wait else handle.state()
     _print_summary(handle, state)
     raise typer.Exit(1 if any(p.status == "failed" for p in state.points) else 0)
+
+
+def _print_plan(system: str, grid: list[str], options: dict[str, Any]) -> None:
+    """--dry-run: every point checked, the plan printed; nothing written or submitted."""
+    from flux_cluster.launch.sweep import SweepRequest, parse_grid, plan_sweep, print_plan
+
+    console = cli_console()
+    print_plan(plan_sweep(SweepRequest(system=system, grid=parse_grid(grid), **options)), console)
+    console.print("--dry-run: nothing written, nothing submitted")
 
 
 def _given(value: object) -> bool:

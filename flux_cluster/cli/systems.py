@@ -94,6 +94,10 @@ def show_system(
         table.add_row(plain(key), plain(json.dumps(value)), plain(source), style=style)
     console = cli_console()
     print_table(console, table)
+    if resolved.config.train.precision == "fp8":
+        from flux_cluster.config.training import FP8_STATUS
+
+        console.print(FP8_STATUS, markup=False, highlight=False, soft_wrap=True)
     _print_image_status(console, resolved.config, name)
 
 

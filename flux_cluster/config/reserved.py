@@ -5,6 +5,14 @@ reads, the config would change what the script does (or, in an arithmetic contex
 command hidden in an array subscript). The script's own names are read from the templates themselves, so
 a variable added to a template is reserved without anyone keeping a list; the script keeps them in the
 ``_fc_`` namespace, and ``FLUX_``/``SLURM_`` are reserved whole.
+
+Names that change how the batch shell or the programs it starts behave are refused too: every variable of
+the bash manual's "Shell Variables" list (PATH would pick which ``scontrol`` runs, FUNCNEST=1 ends the
+script before ``srun``), the dynamic loader's and glibc's (LD_PRELOAD loads a library into every command,
+GCONV_PATH and MALLOC_TRACE the same through iconv and malloc;
+glibc's own list of names it ignores in setuid programs), and sbatch/srun's input variables (they
+override the job's own options). LANG, LC_* and TMPDIR stay allowed: harmless and often needed. A site
+that needs a PATH or library path entry sets ``paths.extra_path``/``paths.extra_library_path``.
 """
 
 import re
@@ -14,6 +22,17 @@ from flux_cluster.resources import templates_dir
 
 RESERVED_PREFIXES = ("_fc_", "FLUX_", "SLURM_")
 """The script's own variables, what the ranks read from it, and Slurm's (set per task by srun)."""
+
+SHELL_PREFIXES = {
+    "BASH_": "read or set by bash itself",
+    "COMP_": "read or set by bash itself",
+    "READLINE_": "read or set by bash itself",
+    "LD_": "read by the dynamic loader: it changes what every command of the job script loads",
+    "SBATCH_": "read by sbatch: it overrides the job's own options",
+    "SRUN_": "read by srun: it overrides the job's own options",
+    "SALLOC_": "read by salloc: it overrides the job's own options",
+}
+"""Prefixes refused whole, with why."""
 
 BASH_VARIABLES = frozenset(
     {
@@ -57,6 +76,30 @@ BASH_VARIABLES = frozenset(
     }
 )
 """Variables bash itself reads or sets."""
+
+SHELL_MANUAL_VARIABLES = frozenset(
+    {
+        # the bash manual, "Shell Variables": Bourne shell variables
+        *("CDPATH", "HOME", "IFS", "MAIL", "MAILPATH", "OPTARG", "OPTIND", "PATH", "PS1", "PS2"),
+        # ... and Bash variables (BASH_*, COMP_*, READLINE_* by prefix; LANG, LC_*, TMPDIR allowed)
+        *("BASHOPTS", "BASHPID", "CHILD_MAX", "COLUMNS", "COMPREPLY", "COPROC", "DIRSTACK", "EMACS"),
+        *("EXECIGNORE", "FCEDIT", "FIGNORE", "FUNCNAME", "FUNCNEST", "GLOBSORT", "GROUPS", "histchars"),
+        *("HISTCONTROL", "HISTFILE", "HISTFILESIZE", "HISTIGNORE", "HISTSIZE", "HISTTIMEFORMAT"),
+        *("HOSTFILE", "HOSTNAME", "HOSTTYPE", "IGNOREEOF", "INPUTRC", "INSIDE_EMACS", "LINES"),
+        *("MACHTYPE", "MAILCHECK", "MAPFILE", "OPTERR", "OSTYPE", "PIPESTATUS", "PROMPT_DIRTRIM"),
+        *("PS0", "PS3", "SHELL", "TIMEFORMAT", "TMOUT"),
+    }
+)
+"""The rest of the bash manual's list (BASH_VARIABLES has the names bash is known to act on)."""
+
+GLIBC_VARIABLES = frozenset(
+    {
+        # glibc's unsecvars.h (what it drops for setuid programs), TMPDIR aside
+        *("GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH"),
+        *("NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR", "MALLOC_TRACE"),
+    }
+)
+"""Variables glibc reads in every program: they load code or data from a path, or change resolving."""
 
 RANK_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
 """torch.distributed's rendezvous variables, set per rank from Slurm's (flux_cluster/dist.py)."""
@@ -117,6 +160,13 @@ def env_name_problem(name: str) -> str | None:
         return f"{name} is set by the job script or by Slurm ({'*, '.join(RESERVED_PREFIXES)}* are reserved)"
     if name in script_names() or name in RANK_VARIABLES:
         return f"{name} is set by the job script"
-    if name in BASH_VARIABLES:
-        return f"{name} is read or set by bash itself"
+    if name in BASH_VARIABLES or name in SHELL_MANUAL_VARIABLES:
+        extra = "; use paths.extra_path for PATH entries" if name == "PATH" else ""
+        return f"{name} is read or set by bash itself{extra}"
+    for prefix, why in SHELL_PREFIXES.items():
+        if name.startswith(prefix):
+            extra = "; use paths.extra_library_path for library folders" if prefix == "LD_" else ""
+            return f"{name} is {why} ({prefix}* are refused){extra}"
+    if name in GLIBC_VARIABLES:
+        return f"{name} is read by glibc in every command of the job script (it loads from a path)"
     return None

@@ -28,6 +28,7 @@ from flux_cluster.mlperf_rules import Ruleset
 SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_@%+=:,./-]+$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 UserEnvName = Annotated[EnvName, AfterValidator(lambda v: _check_env_name(v))]
+EnvValue = Annotated[str, AfterValidator(lambda v: _check_env_value(v))]
 # A single path component for names that become file names (and #SBATCH values).
 PLAIN_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 PlainName = Annotated[str, StringConstraints(pattern=PLAIN_NAME_PATTERN)]
@@ -78,6 +79,12 @@ def _check_env_name(value: str) -> str:
     return value
 
 
+def _check_env_value(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("a NUL character cannot be in an environment variable")
+    return value
+
+
 SbatchDirective = Annotated[
     str,
     StringConstraints(pattern=r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_@%+=:,./-]+)?$"),
@@ -124,6 +131,12 @@ class SlurmConfig(_Section):
     """Memory per node (sbatch --mem); '0' asks for all of it."""
     mem_per_cpu: MemSize | None = None
     """Memory per CPU core (sbatch --mem-per-cpu), an alternative to mem."""
+    one_gpu_mem: MemSize | None = None
+    """Memory of a job that uses one GPU of a node (the evaluate job; not --exclusive, so the node's other
+    GPUs stay free for other jobs). None: mem divided by gpus_per_node when mem is a size; with mem '0'
+    or unset, no --mem (Slurm's per-CPU default)."""
+    one_gpu_cpus: int | None = Field(default=None, ge=1)
+    """CPU cores of a one-GPU job. None: cpus_per_task (already one GPU's share: one task per GPU)."""
     requeue: bool = True
     """Let the job requeue itself after it checkpointed on the time-limit signal, and a training job after
     a rank was killed by a signal (a node crash, the OOM killer): it resumes from its last checkpoint."""
@@ -202,6 +215,16 @@ def _check_mountable(value: str | None) -> str | None:
 MountablePath = Annotated[str | None, AfterValidator(_check_mountable)]
 
 
+def _check_search_dir(value: str) -> str:
+    # joined with ':' into PATH / LD_LIBRARY_PATH: one absolute folder, no separator or control character
+    if not value.startswith("/") or ":" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("expected an absolute folder with no ':' or control character, e.g. /opt/site/bin")
+    return value
+
+
+SearchDir = Annotated[str, AfterValidator(_check_search_dir)]
+
+
 class PathsConfig(_Section):
     data_root: MountablePath = None
     """Host path of the Energon dataset root (train/, val/, empty_encodings/, .nv-meta/)."""
@@ -214,6 +237,11 @@ class PathsConfig(_Section):
     empty_encodings/): the input of 'flux-cluster prepare-data'."""
     source_mount: MountablePath = "/source"
     """Where the source root appears inside the container during data preparation."""
+    extra_path: list[SearchDir] = []
+    """Absolute folders put before PATH in the job script (the batch shell and bare-metal ranks), e.g. a
+    site's Slurm or tool folder; env.PATH is refused, since it would pick every command the script runs."""
+    extra_library_path: list[SearchDir] = []
+    """Absolute folders put before LD_LIBRARY_PATH in the job script (env.LD_* are refused)."""
 
 
 class DataPrepConfig(_Section):
@@ -279,6 +307,9 @@ class SystemConfig(_Section):
     """Accelerator vendor: selects CUDA/ROCm conventions (device files, NCCL vs RCCL tuning)."""
     peak_bf16_tflops: float = Field(ge=0)
     """Dense bf16 peak per accelerator in TFLOP/s, for MFU."""
+    gpu_memory_gb: float | None = Field(default=None, gt=0)
+    """Memory per accelerator in GB, the datasheet's (H100 80, H200 141, B200 180, MI300X 192): what
+    train.activation_checkpointing 'auto' fits its choice into. None (CPU systems): 'auto' is 'full'."""
     price_per_gpu_hour: float = Field(default=0.0, ge=0)
     """Price of one accelerator-hour in USD, for cost reports."""
     price_date: str | None = Field(default=None, max_length=40)
@@ -295,7 +326,7 @@ class SystemConfig(_Section):
     """Container runtime, image and mounts."""
     paths: PathsConfig = PathsConfig()
     """Data and log roots."""
-    env: dict[UserEnvName, str] = {}
+    env: dict[UserEnvName, EnvValue] = {}
     """Environment for every rank (NCCL/RCCL tuning, site settings). Values are shell-quoted."""
     secrets: list[UserEnvName] = []
     """Names of secret variables (e.g. HF_TOKEN) passed from the submitting environment by name only."""

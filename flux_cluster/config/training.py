@@ -10,9 +10,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-CheckpointMode = Literal["full", "alternate", "single", "ops", "none"]
+CheckpointMode = Literal["auto", "full", "alternate", "single", "ops", "none"]
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 Precision = Literal["bf16", "fp8"]
+FP8_STATUS = (
+    "train.precision fp8 is experimental: 1.16x bf16's samples/s with full checkpointing and 1.10x with "
+    "'ops' on one H100 (compiled, micro-batch 32, 2026-11-27; 0.94-1.01x on one H200 before), short of "
+    "the 1.25x it aims at"
+)
+"""What 'systems show' and docs/benchmarks.md say of fp8 until a GPU measures it at 1.25x bf16 or more."""
 ModelPresetName = Literal["flux-schnell", "small", "tiny"]
 TrainMode = Literal["pretrain", "finetune", "lora"]
 OptimizerName = Literal["adamw", "adamw8bit", "prodigy"]
@@ -84,10 +90,13 @@ class TrainConfig(BaseModel):
     """Complete checkpoints kept per repeat; older ones are deleted after a new one is committed."""
     checkpoint_dir: str | None = None
     """Where checkpoints go; None: <run dir>/checkpoints (a shared file system on clusters)."""
-    activation_checkpointing: CheckpointMode = "full"
+    activation_checkpointing: CheckpointMode = "auto"
     """Which blocks recompute their activations in the backward pass: 'full' (every block, the reference),
     'alternate' (every other block), 'single' (the single-stream blocks), 'ops' (every block, keeping its
-    matmul and attention outputs: only cheap ops are recomputed), 'none'. true/false mean full/none."""
+    matmul and attention outputs: only cheap ops are recomputed), 'none'. true/false mean full/none.
+    'auto': the least recomputation (none, ops, alternate, single, full) whose estimated peak fits 90% of
+    the system's gpu_memory_gb at the run's world size and micro-batch (training/memory.py); 'full' on
+    systems without gpu_memory_gb. The job prints its choice and the estimate at start."""
     compile: bool = False
     """torch.compile each transformer block (fullgraph)."""
     attention_backend: AttentionBackend = "auto"

@@ -1,7 +1,7 @@
 """CLIP score of images against their prompts, with transformers' CLIPModel and CLIPProcessor from a
 local folder (nothing is downloaded)."""
 
-import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate import first_line
+from flux_cluster.outside import OutsideFileError, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -30,9 +31,10 @@ CLIP_ADVICE = "pass --clip PATH, a local CLIP folder such as a download of opena
 
 
 def _config(folder: Path) -> dict[str, Any]:
+    """folder's config.json as a dict; {} when unusable (a hub snapshot's link is followed to its blob)."""
     try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        config = read_json(os.path.realpath(folder / "config.json"))
+    except OutsideFileError:
         return {}
     return config if isinstance(config, dict) else {}
 

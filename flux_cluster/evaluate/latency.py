@@ -5,6 +5,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,16 @@ def measure_latency(
     peak_memory_gb: Callable[[], float | None] = lambda: None,
     reset_peak_memory: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.perf_counter,
+    made: Callable[[], None] = lambda: None,
 ) -> Latency:
     """generate(i) makes one image; warmup calls are not timed, then runs calls are, with i = 0..runs-1.
-    synchronize waits for queued device work (CUDA), so each time covers the whole image."""
+    synchronize waits for queued device work (CUDA), so each time covers the whole image. made() is called
+    after every image (warm-up ones too), outside the timed part: a progress bar."""
     if runs < 1 or warmup < 0:
         raise ValueError(f"runs {runs} (at least 1), warmup {warmup} (at least 0)")
     for i in range(warmup):
         generate(i)
+        made()
     synchronize()
     reset_peak_memory()
     seconds = []
@@ -58,6 +62,7 @@ def measure_latency(
         generate(i)
         synchronize()
         seconds.append(clock() - start)
+        made()
     return Latency(
         p50_s=percentile(seconds, 50),
         p90_s=percentile(seconds, 90),
@@ -67,3 +72,66 @@ def measure_latency(
         peak_memory_gb=peak_memory_gb(),
         samples=len(seconds),
     )
+
+
+class ImageProgress:
+    """Images made so far, images/s and the time left: a rich bar on a terminal, else (a job's log) a
+    line every interval_s."""
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        log: Callable[[str], None],
+        terminal: bool,
+        interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.label, self.total, self.log, self.interval_s, self.clock = label, total, log, interval_s, clock
+        self.done = 0
+        self.started = self.last_line = clock()
+        self.bar: Any = None
+        if terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            from flux_cluster.console import cli_console
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("images  {task.fields[rate]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=cli_console(stderr=True),
+                transient=True,
+            )
+            self.task = self.bar.add_task(label, total=total, rate="- images/s")
+
+    def __enter__(self) -> "ImageProgress":
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def advance(self) -> None:
+        self.done += 1
+        elapsed = self.clock() - self.started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, rate=f"{rate:.2f} images/s")
+        elif self.clock() - self.last_line >= self.interval_s and self.done < self.total:
+            self.last_line = self.clock()
+            left = (self.total - self.done) / rate if rate > 0 else math.inf
+            eta = f"{left:,.0f} s left" if math.isfinite(left) else "time left unknown"
+            self.log(f"{self.label}: {self.done}/{self.total} images, {rate:.2f} images/s, {eta}")

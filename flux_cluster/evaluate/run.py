@@ -7,18 +7,19 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
+from flux_cluster.console import cli_console
 from flux_cluster.errors import FluxClusterError, write_error
 from flux_cluster.evaluate import DEFAULT_RUNS, KIND, SCHEMA, first_line, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
-from flux_cluster.evaluate.grid import grid_png
-from flux_cluster.evaluate.latency import Latency, measure_latency
+from flux_cluster.evaluate.grid import grid_png, images_dir, save_images
+from flux_cluster.evaluate.latency import ImageProgress, Latency, measure_latency
 from flux_cluster.evaluate.target import Target, is_pipeline, resolve_target
 
 if TYPE_CHECKING:
@@ -81,18 +82,43 @@ class EvalResult:
     grid_path: Path
 
 
+MAX_PROMPTS = 256
+"""Each prompt is generated --runs times per model: more is a mistaken file, not an evaluation."""
+MAX_PROMPT_CHARS = 4096
+"""Past what T5 reads (at most 512 tokens, a few characters each): the rest would be cut unseen."""
+MAX_PROMPTS_BYTES = 4 * 1024 * 1024
+"""The prompt file's size: MAX_PROMPTS prompts of MAX_PROMPT_CHARS, with room for comments."""
+
+
 def read_prompts(path: Path | None) -> list[str]:
-    """One prompt per line; blank lines and lines starting with '#' are skipped."""
+    """One prompt per line; blank lines and lines starting with '#' are skipped. A regular file only (not
+    /dev/zero or a FIFO), at most MAX_PROMPTS_BYTES, MAX_PROMPTS prompts of MAX_PROMPT_CHARS each."""
+    from flux_cluster.outside import OutsideFileError, read_bounded
+
     if path is None:
         return list(DEFAULT_PROMPTS)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_PROMPTS_BYTES, what="the prompt file").decode("utf-8")
+    except OutsideFileError as exc:
+        raise FluxClusterError(f"--prompts {exc}") from None
     except UnicodeDecodeError:
         raise FluxClusterError(f"--prompts {path}: not UTF-8 text: expected one prompt per line") from None
-    except OSError as exc:
-        raise FluxClusterError(f"--prompts {path}: cannot read it ({exc.strerror})") from None
-    prompts = [line.strip() for line in text.splitlines()]
-    prompts = [p for p in prompts if p and not p.startswith("#")]
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        prompt = line.strip()
+        if not prompt or prompt.startswith("#"):
+            continue
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise FluxClusterError(
+                f"--prompts {path}: line {number}: a prompt of {len(prompt):,} characters; at most "
+                f"{MAX_PROMPT_CHARS:,} (T5 reads no more than 512 tokens)"
+            )
+        if len(prompts) == MAX_PROMPTS:
+            raise FluxClusterError(
+                f"--prompts {path}: more than {MAX_PROMPTS} prompts (line {number}); at most {MAX_PROMPTS}, "
+                "each generated --runs times per model"
+            )
+        prompts.append(prompt)
     if not prompts:
         raise FluxClusterError(f"--prompts {path}: no prompts in it: expected one prompt per line")
     return prompts
@@ -140,13 +166,13 @@ def evaluate(options: EvalOptions, log: Callable[[str], None] = print) -> EvalRe
         f"generations per prompt x {len(prompts)} prompts per model, {settings.steps} steps, "
         f"{settings.resolution}px"
     )
-    base = _measure(pipe, prompts, settings, options, target, device, dtype)
+    base = _measure(pipe, prompts, settings, options, target, device, dtype, "base", log)
     log(f"base: p50 {base.latency.p50_s:.3f} s, {base.latency.images_per_s:.2f} images/s")
     tuned = None
     if target.weights is not None:
         assert target.weights_kind is not None
         _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype)
-        tuned = _measure(pipe, prompts, settings, options, target, device, dtype)
+        tuned = _measure(pipe, prompts, settings, options, target, device, dtype, "tuned", log)
         log(f"tuned: p50 {tuned.latency.p50_s:.3f} s, {tuned.latency.images_per_s:.2f} images/s")
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
     del pipe
@@ -188,7 +214,7 @@ def evaluate(options: EvalOptions, log: Callable[[str], None] = print) -> EvalRe
         "grid": None,
     }
     columns = [("base", base.images)] + ([("tuned", tuned.images)] if tuned else [])
-    json_path, grid_path = _write(document, grid_png(columns, prompts), json_path, grid_path)
+    json_path, grid_path = _write(document, grid_png(columns, prompts), json_path, grid_path, columns)
     return EvalResult(document, json_path, grid_path)
 
 
@@ -228,6 +254,8 @@ def _measure(
     target: Target,
     device: "torch.device",
     dtype: "torch.dtype",
+    label: str,
+    log: Callable[[str], None],
 ) -> Measured:
     """options.runs timed generations of each prompt, the prompts in turn. Prompt p always gets seed + p:
     base and tuned images of a prompt start from the same noise, and every generation of it is the same
@@ -252,14 +280,21 @@ def _measure(
         images.setdefault(p, image)
 
     cuda = device.type == "cuda"
-    latency = measure_latency(
-        generate,
-        runs=options.runs * len(prompts),
-        warmup=options.warmup,
-        synchronize=(lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None),
-        reset_peak_memory=(lambda: torch.cuda.reset_peak_memory_stats(device)) if cuda else (lambda: None),
-        peak_memory_gb=(lambda: torch.cuda.max_memory_allocated(device) / 1e9) if cuda else (lambda: None),
-    )
+    runs = options.runs * len(prompts)
+    with ImageProgress(label, options.warmup + runs, log, cli_console(stderr=True).is_terminal) as bar:
+        latency = measure_latency(
+            generate,
+            runs=runs,
+            warmup=options.warmup,
+            synchronize=(lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None),
+            reset_peak_memory=(lambda: torch.cuda.reset_peak_memory_stats(device))
+            if cuda
+            else (lambda: None),
+            peak_memory_gb=(lambda: torch.cuda.max_memory_allocated(device) / 1e9)
+            if cuda
+            else (lambda: None),
+            made=bar.advance,
+        )
     val_loss = _val_loss(pipe.transformer, target, device, dtype) if target.data_root else None
     return Measured(latency, [images[p] for p in range(len(prompts))], val_loss)
 
@@ -348,7 +383,9 @@ def _no_text_encoder_lora_notice() -> Iterator[None]:
 
 def _check_transformer_fits(base: "torch.nn.Module", weights: Path, pipeline: Path) -> None:
     """A fine-tuned transformer folder of the same model: the shapes the pipeline's encoders feed it."""
-    config = json.loads((weights / "config.json").read_text())
+    from flux_cluster.outside import read_json_object
+
+    config = read_json_object(os.path.realpath(weights / "config.json"))
     keys = ("in_channels", "joint_attention_dim", "pooled_projection_dim", "guidance_embeds")
     differ = [k for k in keys if config.get(k) != base.config.get(k)]  # type: ignore[operator]
     if differ:
@@ -391,8 +428,8 @@ def _check_lora_fits(transformer: "torch.nn.Module", weights: Path, pipeline: Pa
 
 
 def output_paths(target: Target, output: Path | None) -> tuple[Path, Path]:
-    """A run's results/eval_<k>.json (k fixed when written), else --output (default ./eval.json); the
-    grid beside it."""
+    """A run's results/eval_<k>.json (k fixed when written), else --output (default
+    runs/evaluate/<time>-<target name>/eval.json, never the working folder); the grid beside it."""
     if target.run_dir is not None:
         if output is not None:
             raise FluxClusterError(
@@ -400,22 +437,42 @@ def output_paths(target: Target, output: Path | None) -> tuple[Path, Path]:
             )
         json_path = target.run_dir / "results" / "eval_{k}.json"
     else:
-        json_path = (output or Path("eval.json")).absolute()
+        json_path = (output or default_output(target)).absolute()
         if json_path.suffix != ".json" or json_path.is_dir():
             raise FluxClusterError(f"--output {output}: expected a file name ending in .json")
     return json_path, json_path.with_name(grid_name(json_path.name))
 
 
-def _write(document: dict[str, Any], png: bytes, json_path: Path, grid_path: Path) -> tuple[Path, Path]:
-    """The grid first, then the JSON naming it, each atomically. In a run, k is the first index free for
-    both files; the grid is linked into place without replacing anything, so two evaluations finishing at
-    once never take the same k."""
+def default_output(target: Target) -> Path:
+    """runs/evaluate/<time>-<target name>/eval.json ($FLUX_CLUSTER_RUNS moves runs/)."""
+    from flux_cluster.launch.rundir import runs_root
+
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.path.absolute().name.removesuffix(".safetensors"))
+    return runs_root(None) / "evaluate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name or 'model'}" / "eval.json"
+
+
+def _write(
+    document: dict[str, Any],
+    png: bytes,
+    json_path: Path,
+    grid_path: Path,
+    columns: "Sequence[tuple[str, Sequence[Image]]]" = (),
+) -> tuple[Path, Path]:
+    """The full-size images and the grid first, then the JSON naming them, each atomically. In a run, k is
+    the first index free for both files; the grid is linked into place without replacing anything, so two
+    evaluations finishing at once never take the same k."""
+    import shutil
+
     from flux_cluster.atomic import write_atomic
 
     folder = json_path.parent
+    staged = folder / f".eval-images.{os.getpid()}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staged, ignore_errors=True)
+        save_images(columns, staged)
         if "{k}" not in json_path.name:
+            _replace_folder(staged, folder / images_dir(grid_path.name))
             write_atomic(grid_path, png)
             write_atomic(json_path, _dumps({**document, "grid": grid_path.name}))
             return json_path, grid_path
@@ -435,10 +492,24 @@ def _write(document: dict[str, Any], png: bytes, json_path: Path, grid_path: Pat
                 k += 1
         finally:
             tmp.unlink(missing_ok=True)
+        _replace_folder(staged, folder / images_dir(grid_k.name))
         write_atomic(json_k, _dumps({**document, "grid": grid_k.name}))
     except OSError as exc:
         raise write_error(folder, exc) from exc
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return json_k, grid_k
+
+
+def _replace_folder(staged: Path, final: Path) -> None:
+    """staged renamed to final; an earlier final (a left-over, or the same --output again) goes after."""
+    import shutil
+
+    old = final.with_name(f".{final.name}.old.{os.getpid()}")
+    if final.exists():
+        final.rename(old)
+    staged.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _dumps(document: dict[str, Any]) -> str:

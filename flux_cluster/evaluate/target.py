@@ -1,12 +1,13 @@
 """What `flux-cluster evaluate TARGET` points at: a run directory, fine-tuned weights, or a pipeline."""
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate import first_line
+from flux_cluster.outside import OutsideFileError, read_json
 
 WeightsKind = Literal["lora", "transformer"]
 LORA_FILE = "pytorch_lora_weights.safetensors"  # flux_cluster.training.model.LORA_FILE, without torch
@@ -29,9 +30,11 @@ class Target:
 
 
 def _json_object(path: Path) -> dict | None:
+    """The JSON object in path, or None when there is none (missing, not a regular file, too big, not
+    JSON, nested too deeply). A hub snapshot's link is followed to its blob."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(os.path.realpath(path))
+    except OutsideFileError:
         return None
     return data if isinstance(data, dict) else None
 

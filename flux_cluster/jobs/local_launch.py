@@ -6,9 +6,11 @@ torchrun's ChildFailedError traceback and exit code 1. The ranks print their own
 """
 
 import logging
+import signal
 import sys
 
 from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
+from flux_cluster.jobs.signals import die_with_parent
 
 
 def outcome_line(exit_codes: dict[int, int], first_rank: int) -> tuple[str | None, int]:
@@ -30,13 +32,25 @@ def outcome_line(exit_codes: dict[int, int], first_rank: int) -> tuple[str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A killed job.sh (kill -9) takes this agent with it, and the agent its ranks (they die with it):
+    # SIGTERM, which the agent handles by stopping the ranks, rather than leaving them training.
+    die_with_parent(signal.SIGTERM)
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    # torchrun's agent logs each failed rank at ERROR before raising; our line below says it once.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # torchrun's agent logs each failed rank at ERROR (and a stop signal at WARNING) before raising; our
+    # line below says it once. Its modules' loggers carry their own levels: quiet each one.
+    for name in [*logging.root.manager.loggerDict, "torch.distributed.elastic"]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    _stop_once()
     try:
         torchrun(argv if argv is not None else sys.argv[1:])
+    except SignalException as exc:  # 'flux-cluster cancel', or job.sh killed: one line, not a traceback
+        name = signal.Signals(exc.sigval).name
+        print(f"[launch] stopped by {name}: the ranks were stopped", file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         first_rank, _ = exc.get_first_failure()
         codes = {rank: failure.exitcode for rank, failure in exc.failures.items()}
@@ -45,6 +59,26 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         return code
     return 0
+
+
+def _stop_once() -> None:
+    """A cancel signals job.sh's whole group, and job.sh's death sends this agent SIGTERM once more
+    (die_with_parent): torchrun's handler would raise its SignalException again in the middle of stopping
+    the ranks (a second traceback, ranks left unstopped). Only the first signal starts the stop."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    handler = getattr(api, "_terminate_process_handler", None)
+    if handler is None:  # another torch: keep its own behaviour
+        return
+    stopping = False
+
+    def first_only(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            handler(signum, frame)
+
+    api._terminate_process_handler = first_only
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from data_prep.format import DIMS, Dims
 from flux_cluster.training.attention import attention_backend, probe_backend
 from flux_cluster.training.flops import training_flops_per_sample
+from flux_cluster.training.memory import resolve_checkpointing
 from flux_cluster.training.model import build_model, predict_velocity
 from flux_cluster.training.parallelize import parallelize
 from flux_cluster.training.peak import measure_gemm_peak, synchronize
@@ -37,12 +38,15 @@ def data_dims(args: ModelArgs) -> Dims:
     )
 
 
-def settings_text(plan: TrainingPlan) -> str:
+def settings_text(plan: TrainingPlan, checkpointing: str | None = None) -> str:
     cfg = plan.train
+    mode = cfg.activation_checkpointing
+    if checkpointing is not None and checkpointing != mode:
+        mode = f"{mode} -> {checkpointing}"
     return (
         f"{plan.train.model} block, mbs {cfg.micro_batch_size}, {cfg.param_dtype}"
         f"{', fp8 linears' if cfg.precision == 'fp8' else ''}, activation checkpointing "
-        f"{cfg.activation_checkpointing}, compile {'on' if cfg.compile else 'off'}, "
+        f"{mode}, compile {'on' if cfg.compile else 'off'}, "
         f"attention {cfg.attention_backend}"
     )
 
@@ -54,12 +58,19 @@ def own_mesh(device: torch.device) -> DeviceMesh:
 
 
 def run_model_check(
-    plan: TrainingPlan, device: torch.device, mesh: DeviceMesh, steps: int = 3
+    plan: TrainingPlan,
+    device: torch.device,
+    mesh: DeviceMesh,
+    steps: int = 3,
+    gpu_memory_gb: float | None = None,
 ) -> dict[str, Any]:
-    """Train one block of each kind for 1 + ``steps`` steps (the first compiles and warms up); report
-    the timed steps' TFLOP/s and the GEMM peak. Never raises: a failure is ``ok: False`` and one line."""
+    """Train one block of each kind for 1 + ``steps`` steps (the first compiles and warms up) with the
+    checkpointing mode the job would use ('auto' resolved for the whole model and ``gpu_memory_gb``);
+    report the timed steps' TFLOP/s and the GEMM peak. Never raises: a failure is ``ok: False`` and one
+    line."""
     cfg = plan.train
-    result: dict[str, Any] = {"settings": settings_text(plan), "ok": False, "detail": ""}
+    checkpointing, _ = resolve_checkpointing(plan, gpu_memory_gb)
+    result: dict[str, Any] = {"settings": settings_text(plan, checkpointing), "ok": False, "detail": ""}
     try:
         args = plan.model_args.model_copy(update={"num_layers": 1, "num_single_layers": 1})
         dims = data_dims(args)
@@ -74,7 +85,7 @@ def run_model_check(
                 args.attention_head_dim,
                 image_tokens + dims.t5_tokens,
             )
-            seconds = _train_steps(plan, args, dims, device, mesh, dtype, steps)
+            seconds = _train_steps(plan, args, dims, device, mesh, dtype, steps, checkpointing)
         flops = training_flops_per_sample(args.shape(), image_tokens, dims.t5_tokens) * cfg.micro_batch_size
         result["step_ms"] = seconds * 1e3
         result["step_tflops"] = flops / seconds / 1e12
@@ -100,6 +111,7 @@ def _train_steps(
     mesh: DeviceMesh,
     dtype: torch.dtype,
     steps: int,
+    checkpointing: str,
 ) -> float:
     """Median seconds per optimizer step of the cut-down model, sharded as the job shards it."""
     cfg = plan.train
@@ -110,7 +122,7 @@ def _train_steps(
         mesh,
         device,
         param_dtype=dtype,
-        activation_checkpointing=cfg.activation_checkpointing,
+        activation_checkpointing=checkpointing,
         compile_blocks=cfg.compile,
         precision=cfg.precision,
     )

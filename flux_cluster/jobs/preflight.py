@@ -54,6 +54,11 @@ def _slowest(seconds: float, info: DistInfo) -> float:
     return value.item()
 
 
+ONE_RANK_BANDWIDTH = (
+    "preflight: all_reduce bandwidth not measured: one rank has nothing to exchange (its sum was checked)"
+)
+
+
 def bus_bandwidth(size_bytes: int, seconds: float, world_size: int) -> float:
     """nccl-tests' bus bandwidth of an all_reduce in GB/s: algbw * 2(n-1)/n (algbw alone when n == 1)."""
     factor = 2 * (world_size - 1) / world_size if world_size > 1 else 1.0
@@ -136,6 +141,8 @@ def print_summary(
     from rich.console import Console
     from rich.table import Table
 
+    from flux_cluster.console import print_table
+
     console = Console(width=140, force_terminal=False)
     ranks = Table(title="preflight: ranks")
     for column in ("rank", "host", "python", "torch", "backend", "accelerators", "data root", "run dir"):
@@ -153,17 +160,18 @@ def print_summary(
             r["data_root"]["detail"] if r["data_root"] else "-",
             r["run_dir"]["detail"] if r["run_dir"] else "-",
         )
-    console.print(ranks)
-    bw = Table(title=f"preflight: all_reduce across {reports[0]['world_size']} ranks")
-    for column in ("size", "time", "bus bandwidth"):
-        bw.add_column(column, justify="right")
-    for row in bandwidth:
-        bw.add_row(
-            f"{row['bytes'] / 2**20:.0f} MiB",
-            f"{row['seconds'] * 1e3:.2f} ms",
-            f"{row['busbw_gbps']:.3f} GB/s",
-        )
-    console.print(bw)
+    print_table(console, ranks)
+    if bandwidth:
+        bw = Table(title=f"preflight: all_reduce across {reports[0]['world_size']} ranks")
+        for column in ("size", "time", "bus bandwidth"):
+            bw.add_column(column, justify="right")
+        for row in bandwidth:
+            bw.add_row(
+                f"{row['bytes'] / 2**20:.0f} MiB",
+                f"{row['seconds'] * 1e3:.2f} ms",
+                f"{row['busbw_gbps']:.3f} GB/s",
+            )
+        print_table(console, bw)
     checks = [r for r in reports if r.get("model_check")]
     if checks:
         model = Table(title=f"preflight: model step per GPU ({checks[0]['model_check']['settings']})")
@@ -191,9 +199,13 @@ def print_summary(
             else:
                 figures = ("FAILED", "-", "-", "-")
             model.add_row(str(r["rank"]), r["host"], device, check.get("attention_kernel", "-"), *figures)
-        console.print(model)
-    best = max(row["busbw_gbps"] for row in bandwidth)
-    print(f"preflight: all_reduce bus bandwidth {best:.3f} GB/s (best of {len(bandwidth)} sizes)", flush=True)
+        print_table(console, model)
+    if bandwidth:
+        best = max(row["busbw_gbps"] for row in bandwidth)
+        sizes = len(bandwidth)
+        print(f"preflight: all_reduce bus bandwidth {best:.3f} GB/s (best of {sizes} sizes)", flush=True)
+    else:
+        print(ONE_RANK_BANDWIDTH, flush=True)
     verdict = "PASSED" if not failures else "FAILED: " + "; ".join(failures)
     print(f"preflight: {verdict}", flush=True)
 
@@ -216,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     max_mb = args.max_mb or (1024 if info.device.type == "cuda" else 16)
     sizes = [mb * 2**20 for mb in (1, 4, 16, 64, 256, 1024) if mb <= max_mb]
-    bandwidth = [measure_all_reduce(info, size, iterations=5) for size in sizes]
+    # One rank exchanges nothing: its all_reduce is a no-op whose "bandwidth" would be meaningless.
+    many = info.world_size > 1
+    bandwidth = [measure_all_reduce(info, size, iterations=5) for size in sizes] if many else []
     correct = check_all_reduce(info)
 
     first_on_node = info.local_rank == 0
@@ -280,7 +294,7 @@ def _model_check(system: Any, info: DistInfo) -> dict[str, Any]:
         plan = resolve_training(system)
     except FluxClusterError as exc:
         return {"ok": False, "settings": "the system's train section", "detail": str(exc)}
-    return run_model_check(plan, info.device, mesh)
+    return run_model_check(plan, info.device, mesh, gpu_memory_gb=system.gpu_memory_gb)
 
 
 def _failures(reports: list[dict[str, Any]], all_reduce_correct: bool, vendor: str) -> list[str]:

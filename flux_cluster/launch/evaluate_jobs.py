@@ -9,8 +9,40 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from flux_cluster.config.schema import SlurmConfig, SystemConfig
     from flux_cluster.evaluate.run import EvalOptions
     from flux_cluster.launch.submit import Launched
+
+_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def one_gpu_slurm(system: "SystemConfig") -> "SlurmConfig":
+    """The system's Slurm settings for a job on one of a node's GPUs: not --exclusive, and that GPU's
+    share of the node's memory and cores (slurm.one_gpu_mem / one_gpu_cpus, else derived from mem and
+    cpus_per_task), so the node's other GPUs stay free for other jobs."""
+    slurm = system.slurm
+    mem = slurm.one_gpu_mem
+    if mem is None and slurm.mem not in (None, "0"):
+        assert slurm.mem is not None
+        digits, unit = (slurm.mem[:-1], slurm.mem[-1]) if slurm.mem[-1] in _MIB else (slurm.mem, "M")
+        mem = f"{max(1, int(int(digits) * _MIB[unit]) // system.gpus_per_node)}M"
+    return slurm.model_copy(
+        update={
+            "exclusive": False,
+            "mem": mem,
+            "mem_per_cpu": None if mem is not None else slurm.mem_per_cpu,
+            "cpus_per_task": slurm.one_gpu_cpus or slurm.cpus_per_task,
+        }
+    )
+
+
+def evaluate_slurm_system(system: "SystemConfig", mounts: tuple[str, ...]) -> "SystemConfig":
+    """The system as the one-GPU evaluate job runs on it (flux_cluster.evaluate.job narrows it to one
+    node and one rank; here it gets one GPU's share of the node instead of the whole node)."""
+    from flux_cluster.evaluate.job import evaluate_job_system
+
+    shared = system.model_copy(update={"slurm": one_gpu_slurm(system)})
+    return evaluate_job_system(shared, mounts)
 
 
 def submit_evaluation(
@@ -26,7 +58,7 @@ def submit_evaluation(
     from flux_cluster.config import load_system
     from flux_cluster.evaluate import ARGS_FILE
     from flux_cluster.evaluate.clip import clip_mount, find_clip
-    from flux_cluster.evaluate.job import JOB_MINUTES, evaluate_job_system
+    from flux_cluster.evaluate.job import JOB_MINUTES
     from flux_cluster.evaluate.run import output_paths, pipeline_folder, read_prompts
     from flux_cluster.evaluate.target import resolve_target
     from flux_cluster.launch.plan import make_plan
@@ -56,7 +88,7 @@ def submit_evaluation(
     mounts.append(f"{writable.absolute()}:{writable.absolute()}")
     for mount in mounts:
         check_slurm_path(Path(mount.split(":")[0]))  # they become mount specifications: no ':' or ','
-    config = evaluate_job_system(config, tuple(mounts))
+    config = evaluate_slurm_system(config, tuple(mounts))
     root = runs_root(runs_dir, config).absolute()
     check_slurm_path(root)
     if not dry_run:

@@ -10,14 +10,26 @@ from pathlib import Path
 
 import yaml
 
-from flux_cluster.launch.rundir import CONFIG_FILE, RunRecord, lock_held, repeat_done, repeat_lock_path
+from flux_cluster.launch.rundir import (
+    CONFIG_FILE,
+    MAX_PID,
+    STATE_DIR,
+    RunRecord,
+    lock_held,
+    lock_holder_pids,
+    repeat_done,
+    repeat_lock_path,
+)
 
 LOCAL_LOG = "local.log"
+CANCELLED = "cancelled"
+"""state/cancelled, written by 'flux-cluster cancel': the run was stopped, it did not fail."""
 
 
 def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
     log_path = run_dir / "slurm" / LOCAL_LOG
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / STATE_DIR / CANCELLED).unlink(missing_ok=True)  # an earlier attempt's cancel
     with (
         log_path.open("ab") as log,
         subprocess.Popen(
@@ -53,6 +65,50 @@ def stop_group(pid: int) -> None:
         os.killpg(pid, signal.SIGTERM)
 
 
+def lock_holders(run_dir: Path) -> list[int]:
+    """The processes holding one of the run's repeat locks (state/exp_<i>.lock) that are this run's
+    (their command line names the run folder): a lock file that is a symlink, or leads out of the run
+    folder, could name any process's lock, so it is not followed."""
+    from flux_cluster.outside import OutsideFileError, open_regular
+
+    found: list[int] = []
+    for path in sorted((run_dir / STATE_DIR).glob("exp_*.lock")):
+        try:
+            with open_regular(path, inside=run_dir):
+                pass
+        except OutsideFileError:
+            continue
+        found += [
+            pid
+            for pid in lock_holder_pids(path)
+            if pid not in found and pid != os.getpid() and _mentions(pid, run_dir)
+        ]
+    return found
+
+
+def _mentions(pid: int, run_dir: Path) -> bool:
+    try:
+        return str(run_dir.absolute()).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def stop_holder(pid: int, group_stopped: int | None) -> bool:
+    """SIGTERM a lock holder and its process group (a rank and its loader workers), unless that group
+    is ours or was already stopped; only the process itself when it shares our group. False if gone."""
+    if not 1 < pid <= MAX_PID:
+        return False
+    try:
+        group = os.getpgid(pid)
+        if group in (group_stopped, os.getpgrp()) or group <= 1:
+            os.kill(pid, signal.SIGTERM)
+        else:
+            os.killpg(group, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def runner_alive(record: RunRecord, run_dir: Path) -> bool:
     """The recorded job script is still running: its process exists, is not a zombie (a runner blocked
     on output can leave it unreaped) and is still the run's script (pids are reused)."""
@@ -80,6 +136,22 @@ def local_state(run_dir: Path, record: RunRecord) -> str:
         return "COMPLETED"
     if record.launcher == "dry-run":
         return "NOT SUBMITTED"
+    if (run_dir / STATE_DIR / CANCELLED).exists():
+        checkpoint = latest_checkpoint(run_dir)
+        return "CANCELLED" + (f" (checkpoint {checkpoint})" if checkpoint else " (no checkpoint written)")
     if record.exit_code is not None:
         return "COMPLETED" if record.exit_code == 0 else f"FAILED (exit {record.exit_code})"
     return "FAILED (the runner was killed before it recorded an exit code)"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint folder of the run's repeats (train.checkpoint_dir or run_dir/checkpoints)."""
+    base = run_dir / "checkpoints"
+    try:
+        train = yaml.safe_load((run_dir / CONFIG_FILE).read_text())["system"].get("train") or {}
+        if train.get("checkpoint_dir"):
+            base = Path(train["checkpoint_dir"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        pass
+    found = [p for p in base.glob("exp_*/step_*") if p.is_dir()]
+    return max(found, key=lambda p: (p.name, p.parent.name)) if found else None

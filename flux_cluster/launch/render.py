@@ -6,6 +6,7 @@ template author can forget. StrictUndefined turns a misspelled variable into an 
 """
 
 import shlex
+from collections.abc import Callable
 from functools import cache
 
 import jinja2
@@ -15,9 +16,29 @@ from flux_cluster.resources import templates_dir
 
 
 def shell_quote(value: object) -> str:
+    """One shell word for value. Text with a control character (ESC, BEL, a line break, a bidi control)
+    becomes bash's $'...' with each such character as its UTF-8 bytes in \\xHH escapes, so the script (and a
+    dry run that prints it) holds no raw control character, and bash still gets the exact text; shlex.quote
+    would keep them raw."""
     if value is None or isinstance(value, bool):
         raise TypeError(f"refusing to render {value!r} into a shell script (template bug)")
-    return shlex.quote(str(value))
+    from flux_cluster.safe_text import printable
+
+    text = str(value)
+    if printable(text) == text:  # no control character
+        return shlex.quote(text)
+    if "\0" in text:
+        raise ValueError("refusing to render a NUL character into a shell script (bash cannot hold one)")
+    return "$'" + "".join(_ansi_c(char, printable) for char in text) + "'"
+
+
+def _ansi_c(char: str, printable: "Callable[[str], str]") -> str:
+    """One character inside $'...': a control character as the \\xHH escapes of its UTF-8 bytes."""
+    if char in "\\'":
+        return "\\" + char
+    if printable(char) == char:
+        return char
+    return "".join(f"\\x{byte:02x}" for byte in char.encode())
 
 
 def integer(value: object) -> int:

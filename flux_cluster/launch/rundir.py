@@ -16,6 +16,7 @@ import yaml
 from flux_cluster.atomic import write_atomic
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.safe_text import printable
 
 RUNS_ENV = "FLUX_CLUSTER_RUNS"
 CONFIG_FILE = "config.yaml"
@@ -82,13 +83,63 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunRecord | None":
+        """The run's jobs.json, every field checked (it comes from a folder anyone may have written: an
+        id such as '--me' would become a Slurm option, a pid 'self' a signal to the wrong process); any
+        problem is one OutsideFileError line naming the file and the key."""
+        from flux_cluster.outside import OutsideFileError, read_json_object
+
         path = run_dir / JOBS_FILE
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             return None
+        data = read_json_object(path, inside=run_dir)
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise OutsideFileError(
+                f"{path}: unknown key {printable(unknown[0])!r}; not a flux-cluster jobs file"
+            )
+        missing = [name for name in ("launcher", "job_ids", "submitted_at") if name not in data]
+        if missing:
+            raise OutsideFileError(f"{path}: {missing[0]}: missing; not a flux-cluster jobs file")
+        return cls(**{name: _checked(path, name, data) for name in cls.__dataclass_fields__ if name in data})
+
+
+LAUNCHERS = ("slurm", "local", "dry-run")
+MAX_PID = 2**22  # Linux's pid_max limit
+
+
+def _checked(path: Path, key: str, data: dict[str, Any]) -> Any:
+    """One jobs.json field, of the type and range RunRecord needs."""
+    from flux_cluster.launch.slurm import JOB_ID
+    from flux_cluster.outside import OutsideFileError
+
+    value = data[key]
+    ok = {
+        "launcher": lambda v: v in LAUNCHERS,
+        "job_ids": lambda v: (
+            type(v) is list
+            and len(v) <= 100_000
+            and all(isinstance(i, str) and JOB_ID.fullmatch(i) for i in v)
+        ),
+        "submitted_at": lambda v: type(v) in (int, float) and 0 <= v < 1e11,
+        "array": lambda v: type(v) is bool,
+        "pid": lambda v: v is None or (type(v) is int and 1 < v <= MAX_PID),
+        "exit_code": lambda v: v is None or (type(v) is int and -256 < v < 256),
+    }[key](value)
+    if not ok:
+        expected = {
+            "launcher": f"one of {', '.join(LAUNCHERS)}",
+            "job_ids": "a list of Slurm job ids (digits, optionally _N, _[...] or +N)",
+            "submitted_at": "a time in seconds",
+            "array": "true or false",
+            "pid": f"null or a process id (2..{MAX_PID})",
+            "exit_code": "null or an exit code",
+        }[key]
         try:
-            return cls(**json.loads(path.read_text()))
-        except (ValueError, TypeError) as exc:
-            raise FluxClusterError(f"{path}: not a flux-cluster jobs file ({type(exc).__name__})") from None
+            shown = printable(json.dumps(value)[:60])
+        except (ValueError, RecursionError):
+            shown = type(value).__name__
+        raise OutsideFileError(f"{path}: {key}: expected {expected}, found {shown}")
+    return value
 
 
 def list_runs(root: Path) -> list[Path]:
@@ -103,9 +154,13 @@ def resolve_run(spec: str | None, root: Path) -> Path:
     """A run by path, by '<experiment>/<name>', by unique name suffix, or the latest when None."""
     runs = list_runs(root)
     if spec is None:
-        if not runs:
+        # the latest run that started (or was prepared): a folder without jobs.json never did
+        started = [r for r in runs if (r / JOBS_FILE).exists()]
+        if runs and not started:
+            raise FluxClusterError(f"no run under {root} was started (none has a jobs.json); name one")
+        if not started:
             raise FluxClusterError(f"no runs under {root}; submit one with 'flux-cluster submit'")
-        return runs[-1]
+        return started[-1]
     as_path = Path(spec)
     if (as_path / CONFIG_FILE).is_file():
         return as_path.absolute()
@@ -174,10 +229,26 @@ def exclusive_lock(path: Path) -> IO[str] | None:
 def lock_held(path: Path) -> bool:
     """Whether a process on this machine holds a lock on path, read from /proc/locks: asking with a
     lock of our own could make a starting attempt see it as taken."""
+    return bool(_locks_on(path))
+
+
+def lock_holder_pids(path: Path) -> list[int]:
+    """The processes holding a lock on path (from /proc/locks), each a checked pid (2..pid_max)."""
+    return [pid for pid in _locks_on(path) or [] if 1 < pid <= MAX_PID]
+
+
+def _locks_on(path: Path) -> list[int] | None:
+    """The pid column of /proc/locks for every lock held on path (not waited for); None: unknown."""
     try:
         stat = path.stat()
         table = Path("/proc/locks").read_text()
     except OSError:
-        return False
+        return None
     wanted = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
-    return any("->" not in line and wanted in line.split() for line in table.splitlines())
+    pids = []
+    for line in table.splitlines():
+        fields = line.split()
+        if "->" not in line and wanted in fields:
+            pid = fields[fields.index(wanted) - 1]
+            pids.append(int(pid) if pid.isascii() and pid.lstrip("-").isdigit() else -1)
+    return pids

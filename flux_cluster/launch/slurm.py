@@ -4,6 +4,9 @@ submitit normally writes its own sbatch text around a pickled function; here the
 the Jinja rendering, so the file Slurm runs is exactly the one stored in the run directory.
 """
 
+import contextlib
+import io
+import re
 import shutil
 import subprocess
 import time
@@ -27,6 +30,26 @@ FINAL_STATES = {
     "BOOT_FAIL",
     "DEADLINE",
 }
+
+
+# Slurm's job id forms: 123, an array task 123_4 or a range 123_[0-9%2], a het job component 123+1.
+# ASCII only: anything else (an id such as '--me' read from a run folder) would be an option to scancel.
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+|_\[[0-9,%-]+\]|\+[0-9]+)?", re.ASCII)
+
+
+def check_job_id(job_id: object, where: str = "job id") -> str:
+    """job_id when it has Slurm's form; else one FluxClusterError line, before any Slurm tool is called."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        from flux_cluster.safe_text import printable
+
+        raise FluxClusterError(
+            f"{where}: {printable(repr(job_id))} is not a Slurm job id (digits, optionally _N, _[...] or +N)"
+        )
+    return job_id
+
+
+def check_job_ids(job_ids: Iterable[object], where: str = "job id") -> list[str]:
+    return [check_job_id(job_id, where) for job_id in job_ids]
 
 
 def is_final(state: str) -> bool:
@@ -78,11 +101,17 @@ def submit_script(script: str, folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     executor = _RenderedScriptExecutor(folder=folder)
     try:
-        job = executor._submit_command("flux-cluster")  # the command is unused: the script is complete
+        # submitit prints sbatch's stderr as well as raising it: the error line below says it once
+        with contextlib.redirect_stderr(io.StringIO()):
+            job = executor._submit_command("flux-cluster")  # the command is unused: the script is complete
     except FailedJobError as exc:
+        from flux_cluster.safe_text import printable
+
         message = str(exc).strip().splitlines()
-        raise FluxClusterError(f"sbatch refused the job: {message[-1] if message else exc}") from None
-    return str(job.job_id)
+        raise FluxClusterError(
+            f"sbatch refused the job: {printable(message[-1]) if message else exc}"
+        ) from None
+    return check_job_id(str(job.job_id), "sbatch's job id")
 
 
 def array_task_ids(base_id: str, count: int) -> list[str]:
@@ -94,7 +123,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, str]:
     from submitit.slurm.slurm import SlurmInfoWatcher
 
     watcher = SlurmInfoWatcher(delay_s=0)
-    ids = list(job_ids)
+    ids = check_job_ids(job_ids)
     for job_id in ids:
         watcher.register_job(job_id)
     watcher.update()
@@ -103,6 +132,7 @@ def job_states(job_ids: Iterable[str]) -> dict[str, str]:
 
 def job_info(job_id: str) -> dict[str, str]:
     """sacct fields of one job: state, elapsed, restarts, node list, exit code."""
+    check_job_id(job_id)
     _require("sacct")
     fields = "JobID,State,Elapsed,NodeList,ExitCode,Start"
     out = subprocess.run(
@@ -127,34 +157,45 @@ def _job(job_id: str, folder: Path) -> "SlurmJob[None]":
 
 def log_path(job_id: str, folder: Path, stderr: bool = False) -> Path:
     """stdout (or stderr) of a job or array task, as submitit lays them out (the script's --output)."""
-    paths = _job(job_id, folder).paths
+    paths = _job(check_job_id(job_id), folder).paths
     return paths.stderr if stderr else paths.stdout
 
 
-def cancel(job_ids: Iterable[str], folder: Path) -> None:
-    _require("scancel")
-    from submitit.core.utils import UncompletedJobError
+def _tool_error(result: "subprocess.CompletedProcess[str]") -> str:
+    from flux_cluster.safe_text import printable
 
-    for job_id in job_ids:
-        try:
-            _job(job_id, folder).cancel(check=True)
-        except (UncompletedJobError, subprocess.CalledProcessError) as exc:
-            raise FluxClusterError(f"scancel {job_id} failed: {exc}") from None
+    lines = result.stderr.strip().splitlines()
+    return printable(lines[-1]) if lines else f"exit code {result.returncode}"
+
+
+def cancel(job_ids: Iterable[str], folder: Path) -> None:
+    """scancel every id (checked first; '--' ends scancel's options, so no id is read as one)."""
+    ids = check_job_ids(job_ids)
+    _require("scancel")
+    for job_id in ids:
+        result = subprocess.run(["scancel", "--", job_id], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise FluxClusterError(f"scancel {job_id} failed: {_tool_error(result)}")
 
 
 def requeue(job_ids: Iterable[str]) -> None:
+    ids = check_job_ids(job_ids)
     _require("scontrol")
-    for job_id in job_ids:
-        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+    for job_id in ids:
+        # '--' before the command word: scontrol reads no option past it
+        result = subprocess.run(
+            ["scontrol", "--", "requeue", job_id], capture_output=True, text=True, check=False
+        )
         if result.returncode != 0:
-            raise FluxClusterError(f"scontrol requeue {job_id} failed: {result.stderr.strip()}")
+            raise FluxClusterError(f"scontrol requeue {job_id} failed: {_tool_error(result)}")
 
 
 def batch_script(job_id: str) -> str:
     """The script Slurm stored for a job (``scontrol write batch_script JOB -``)."""
+    check_job_id(job_id)
     _require("scontrol")
     result = subprocess.run(
-        ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, check=False
+        ["scontrol", "--", "write", "batch_script", job_id, "-"], capture_output=True, check=False
     )
     if result.returncode != 0:
         raise FluxClusterError(f"scontrol write batch_script {job_id}: {result.stderr.decode().strip()}")

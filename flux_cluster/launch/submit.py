@@ -182,20 +182,39 @@ def launch_plan(
     or submitted to Slurm with its job ids in jobs.json. Prints nothing but a local job's own lines."""
     from flux_cluster.launch.rundir import RunRecord
 
-    script = write_run(plan, training, prepare)
-    if dry_run:
-        record = RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time())
+    try:
+        script = write_run(plan, training, prepare)
+        if dry_run:
+            record = RunRecord(launcher="dry-run", job_ids=[], submitted_at=time.time())
+            record.save(plan.run_dir)
+            return Launched(plan.run_dir, plan, script, record)
+        if plan.system.launcher == "local":
+            return _run_here(plan, script, console or cli_console(stderr=True), echo)
+        from flux_cluster.launch import slurm
+
+        base_id = slurm.submit_script(script, plan.slurm_dir)
+        job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
+        record = RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array)
         record.save(plan.run_dir)
         return Launched(plan.run_dir, plan, script, record)
-    if plan.system.launcher == "local":
-        return _run_here(plan, script, console or cli_console(stderr=True), echo)
-    from flux_cluster.launch import slurm
+    except FluxClusterError as exc:
+        raise FluxClusterError(f"{exc}{remove_unstarted(plan.run_dir)}") from None
+    except BaseException:
+        remove_unstarted(plan.run_dir)
+        raise
 
-    base_id = slurm.submit_script(script, plan.slurm_dir)
-    job_ids = slurm.array_task_ids(base_id, plan.nexp) if plan.is_array else [base_id]
-    record = RunRecord(launcher="slurm", job_ids=job_ids, submitted_at=time.time(), array=plan.is_array)
-    record.save(plan.run_dir)
-    return Launched(plan.run_dir, plan, script, record)
+
+def remove_unstarted(run_dir: Path) -> str:
+    """Remove the folder of a run that never started (no jobs.json: sbatch refused it, or writing it
+    failed), so it never becomes the 'latest' run; returns what to add to the error line."""
+    import shutil
+
+    from flux_cluster.launch.rundir import JOBS_FILE
+
+    if not run_dir.is_dir() or (run_dir / JOBS_FILE).exists():
+        return ""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return f" (nothing started: removed its run folder {run_dir})"
 
 
 def require_slurm(config: "SystemConfig") -> None:
@@ -317,6 +336,8 @@ def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) 
 
 
 def _run_here(plan: "JobPlan", script: str, console: "Console", echo: bool) -> Launched:
+    from rich.markup import escape
+
     from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
     from flux_cluster.launch.local_runner import run_local
     from flux_cluster.launch.rundir import SCRIPT_FILE, RunRecord
@@ -326,13 +347,18 @@ def _run_here(plan: "JobPlan", script: str, console: "Console", echo: bool) -> L
         f"{plan.system.gpus_per_node} local processes)"
     )
     code = run_local(plan.run_dir / SCRIPT_FILE, plan.run_dir, echo=echo)
+    from flux_cluster.launch.local_runner import local_state
+
+    record = RunRecord.load(plan.run_dir)
+    assert record is not None  # run_local saved it
+    state = local_state(plan.run_dir, record)
     if code == 0:
         verdict = "[green]COMPLETED[/green]"
+    elif state.startswith("CANCELLED"):  # 'flux-cluster cancel' stopped it
+        verdict = f"[yellow]{escape(state)}[/yellow]"
     elif code == NOT_CONVERGED_EXIT_CODE and plan.job.writes_mlperf_log:
         verdict = f"[yellow]ENDED WITHOUT REACHING THE TARGET (exit {code})[/yellow]"
     else:
         verdict = f"[red]FAILED (exit {code})[/red]"
     console.print(f"[bold]run[/bold] {plan.run_dir}: {verdict}")
-    record = RunRecord.load(plan.run_dir)
-    assert record is not None  # run_local saved it
     return Launched(plan.run_dir, plan, script, record, exit_code=code)

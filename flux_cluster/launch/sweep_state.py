@@ -52,10 +52,13 @@ class Point:
     """The throughput record (or a train job's figures); empty until the point ends."""
     error: str | None = None
     """Why a failed or oom point ended, in one line."""
+    derived: list[str] = field(default_factory=list)
+    """--set values the sweep chose for this point, after the grid's: a throughput sweep's one-step
+    global batch (train.global_batch_size = micro_batch_size x ranks) when no global batch is given."""
 
     @property
     def overrides(self) -> list[str]:
-        return [f"{key}={value}" for key, value in self.values.items()]
+        return [*(f"{key}={value}" for key, value in self.values.items()), *self.derived]
 
     @property
     def label(self) -> str:
@@ -123,8 +126,13 @@ def _problem(state: SweepState) -> str | None:
             not _strings(point.values)
             or not isinstance(point.result, dict)
             or not isinstance(point.job_ids, list)
+            or not isinstance(point.derived, list)
+            or not all(isinstance(item, str) for item in point.derived)
         ):
-            return f"point {point.index!r}: expected values (strings), result (a mapping), job_ids (a list)"
+            return (
+                f"point {point.index!r}: expected values (strings), result (a mapping), job_ids (a list), "
+                "derived (a list of strings)"
+            )
         if point.run_dir is not None and not isinstance(point.run_dir, str):
             return f"point {point.index!r}: run_dir {point.run_dir!r}: expected a path"
     return None
@@ -191,8 +199,10 @@ def summary_csv(state: SweepState) -> str:
 def _csv_value(value: object) -> object:
     if isinstance(value, float):
         return f"{value:.6g}"
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value  # no formula when a spreadsheet opens it (a value comes from the command line)
+    if isinstance(value, str):  # no formula for a spreadsheet, no control character for a terminal
+        from flux_cluster.safe_text import csv_cell
+
+        return csv_cell(value)
     return value
 
 

@@ -1,11 +1,19 @@
 """Follow a launched run from its run directory: its jobs' states, its log files, cancel. The CLI's
 runs/status/logs/cancel and the API's Run both use these."""
 
+import codecs
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.launch.rundir import RunRecord, resolve_run, runs_root
+
+CHUNK = 1024 * 1024
+"""Logs are copied in pieces of this size: memory stays flat whatever a log's size."""
+TAIL_WINDOW = 8 * CHUNK
+"""--tail reads at most this much from a log's end."""
 
 
 def load_run(run: str | Path | None, runs_dir: Path | None = None) -> tuple[Path, RunRecord]:
@@ -29,10 +37,11 @@ def run_states(run_dir: Path, record: RunRecord) -> dict[str, str]:
 
 
 def is_final(state: str) -> bool:
-    """A state no job leaves again: Slurm's final states and a local run's COMPLETED/FAILED/NOT SUBMITTED."""
+    """A state no job leaves again: Slurm's final states and a local run's COMPLETED/FAILED/CANCELLED/NOT
+    SUBMITTED."""
     from flux_cluster.launch import slurm
 
-    return slurm.is_final(state) or state.startswith(("FAILED", "NOT SUBMITTED"))
+    return slurm.is_final(state) or state.startswith(("FAILED", "NOT SUBMITTED", "CANCELLED"))
 
 
 def wait_run(
@@ -57,26 +66,92 @@ def wait_run(
 
 
 def log_files(run_dir: Path, record: RunRecord, stderr: bool = False) -> list[Path]:
-    """The output of every job of the run (a local run: its one log, stdout and stderr together)."""
+    """The output of every job of the run (a local run: its one log, stdout and stderr together, so
+    stderr alone is one line saying so)."""
     from flux_cluster.launch.local_runner import LOCAL_LOG
 
     if record.launcher != "slurm":
+        if stderr:
+            raise FluxClusterError(
+                f"{run_dir}: a local run writes stdout and stderr together to slurm/{LOCAL_LOG}; "
+                "drop --stderr to see both"
+            )
         return [run_dir / "slurm" / LOCAL_LOG]
     from flux_cluster.launch import slurm
 
     return [slurm.log_path(job_id, run_dir / "slurm", stderr) for job_id in record.job_ids]
 
 
-def cancel_run(run_dir: Path, record: RunRecord) -> str:
-    """scancel every job of the run, or stop a local run's process group; returns what was done."""
-    if record.launcher != "slurm":
-        from flux_cluster.launch.local_runner import runner_alive, stop_group
+def copy_log(
+    path: Path, run_dir: Path, offset: int, write: Callable[[str], object], tail: int | None = None
+) -> int:
+    """Copy a job log from offset on (or its last tail lines) to write, in CHUNK pieces; returns the new
+    offset. Only a regular file inside the run folder is read (no symlink out of it; a sweep point's links
+    into its sweep's arrays/ folder are followed there only); a missing file is no output yet."""
+    from flux_cluster.outside import open_regular
 
-        if record.pid is not None and runner_alive(record, run_dir):
-            stop_group(record.pid)
-            return f"stopped local run {run_dir} (process group {record.pid})"
-        return f"{record.launcher} run {run_dir} is not running"
+    if not os.path.lexists(path):
+        return offset
+    source, root = path, run_dir
+    arrays = run_dir.parent / "arrays"
+    if path.is_symlink() and arrays.is_dir():
+        # a sweep point's Slurm logs link to its array's output, in the sweep folder's arrays/
+        target = path.resolve()
+        if target.is_relative_to(arrays.resolve()):
+            source, root = target, arrays
+    with open_regular(source, inside=root) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if tail is not None:
+            start = max(offset, size - TAIL_WINDOW)
+            handle.seek(start)
+            lines = handle.read(size - start).splitlines(keepends=True)
+            if start > offset:
+                lines = lines[1:]  # the first line may be cut by the window
+            write(b"".join(lines[-tail:] if tail else []).decode(errors="replace"))
+            return size
+        handle.seek(offset)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := handle.read(CHUNK):
+            offset += len(chunk)
+            write(decoder.decode(chunk))
+        write(decoder.decode(b"", final=True))
+    return offset
+
+
+def cancel_run(run_dir: Path, record: RunRecord) -> str:
+    """scancel every job of the run, or stop a local run: its process group, and whatever holds one of
+    its repeat locks (a torchrun or rank left running by a killed job.sh, a repeat resumed by hand);
+    returns what was done."""
+    if record.launcher != "slurm":
+        return _stop_local(run_dir, record)
     from flux_cluster.launch import slurm
 
     slurm.cancel(record.job_ids, run_dir / "slurm")
     return f"cancelled {', '.join(record.job_ids)}"
+
+
+def _stop_local(run_dir: Path, record: RunRecord) -> str:
+    from flux_cluster.atomic import write_atomic
+    from flux_cluster.launch.local_runner import (
+        CANCELLED,
+        lock_holders,
+        runner_alive,
+        stop_group,
+        stop_holder,
+    )
+    from flux_cluster.launch.rundir import STATE_DIR
+
+    alive = record.pid is not None and runner_alive(record, run_dir)
+    holders = lock_holders(run_dir)
+    if not alive and not holders:
+        return f"{record.launcher} run {run_dir} is not running"
+    (run_dir / STATE_DIR).mkdir(exist_ok=True)
+    write_atomic(run_dir / STATE_DIR / CANCELLED, f"{time.time()}\n")
+    stopped = []
+    if alive and record.pid is not None:
+        stop_group(record.pid)
+        stopped.append(f"process group {record.pid}")
+    for pid in holders:
+        if stop_holder(pid, record.pid if alive else None):
+            stopped.append(f"lock holder {pid}")
+    return f"stopped local run {run_dir} ({', '.join(stopped) or 'it had ended'})"

@@ -5,8 +5,15 @@ notices are logged while those are imported. Import only where torch is wanted."
 
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+# torchao's sources hold invalid escape sequences: compiling them (an install without .pyc files, as on
+# the GPU image) warns once per file (SyntaxWarning from Python 3.12, DeprecationWarning before), telling
+# a user nothing.
+for _category in (SyntaxWarning, DeprecationWarning):
+    warnings.filterwarnings("ignore", r"invalid escape sequence", _category, r".*torchao")
 
 KNOWN_NOTICES: dict[str, re.Pattern[str]] = {
     # Importing diffusers imports torchao when it is installed (fp8 training needs it); on machines

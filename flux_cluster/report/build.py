@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.mlperf_rules import QUALITY_TARGET
+from flux_cluster.mlperf_rules import CHECK_TIMEOUT_S, QUALITY_TARGET, RULESETS
 from flux_cluster.report.compliance import check_logs
 from flux_cluster.report.discover import DEFAULT_RULESET, GroupSource, find_inputs
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, read_eval, read_evals
@@ -30,12 +30,12 @@ class Options:
     """bf16 peak per accelerator for MFU; None: the run config's peak_bf16_tflops."""
     target: float = QUALITY_TARGET
     """Quality target for logs that do not log target_accuracy (a log's own wins)."""
+    check_timeout: float = CHECK_TIMEOUT_S
+    """Seconds one log's compliance check may take; past it, that run fails with a line saying so."""
 
 
 NOT_APPLICABLE = "not applicable"
 """A fine-tuning run's compliance: it is no MLPerf result, so it is never given to the checker."""
-MAX_CHECKED_LINE = 64 << 10
-"""Longest line handed to the compliance checker (MLLOG lines are a few hundred bytes)."""
 
 
 class Tracker(Protocol):
@@ -62,7 +62,6 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
     jobs: list[tuple[Path, str]] = []
     slots: list[RunResult] = []
     for source in sources:
-        source.ruleset = options.ruleset or source.ruleset or DEFAULT_RULESET
         runs.append([])
         for log in source.files:
             try:
@@ -75,6 +74,8 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
                 run.fine_tuning = read_fine_tuning(log, run)
                 run.compliance = NOT_APPLICABLE
                 run.compliance_messages = [f"fine-tuning (train.mode {source.train_mode}): not checked"]
+        choose_ruleset(source, runs[-1], options.ruleset)
+        for log, run in zip(source.files, runs[-1], strict=True):
             if not options.check:
                 continue
             if run.compliance == NOT_APPLICABLE:
@@ -82,15 +83,11 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
             elif any(w == "empty file" or w.startswith("unreadable:") for w in run.warnings):
                 run.compliance, run.compliance_messages = "failed", list(run.warnings)
                 tracker.advance("checking compliance")
-            elif run.longest_line > MAX_CHECKED_LINE:
-                # the official parser's re.sub(".*:::MLLOG ") is quadratic in the line length
-                message = f"a {run.longest_line:,}-byte line (a crash's NUL fill?): not given to the checker"
-                run.compliance, run.compliance_messages = "failed", [message]
-                tracker.advance("checking compliance")
             else:
-                jobs.append((log, source.ruleset))
+                jobs.append((log, source.ruleset or DEFAULT_RULESET))
                 slots.append(run)
-    for index, passed, messages in check_logs(jobs, lambda: tracker.advance("checking compliance")):
+    checked = check_logs(jobs, lambda: tracker.advance("checking compliance"), options.check_timeout)
+    for index, passed, messages in checked:
         slots[index].compliance = "passed" if passed else "failed"
         slots[index].compliance_messages = messages
     groups = [
@@ -107,6 +104,30 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
     read = {os.path.realpath(e.file) for g in groups for e in g.evals}  # a run's, also named on its own
     alone = [p for p in eval_paths if os.path.realpath(p) not in read]
     return groups + evaluation_groups(alone, options, tracker)
+
+
+def choose_ruleset(source: GroupSource, runs: list[RunResult], given: str | None) -> None:
+    """source.ruleset and where it came from: --ruleset, else the run config's, else what the logs show
+    (6.1.0's keys, 6.x's evaluation_frequency), else a 'vX.Y' in the path, else DEFAULT_RULESET with a
+    warning that asks for --ruleset (never silently)."""
+    logged = {r.logged_ruleset for r in runs if r.logged_ruleset}
+    if given:
+        source.ruleset, source.ruleset_from = given, "--ruleset"
+    elif source.ruleset:
+        source.ruleset_from = "run config"
+    elif len(logged) == 1:
+        source.ruleset, source.ruleset_from = logged.pop(), "logs"
+    elif source.path_ruleset:
+        source.ruleset, source.ruleset_from = source.path_ruleset, "path"
+    else:
+        source.ruleset, source.ruleset_from = DEFAULT_RULESET, "assumed"
+        if source.train_mode not in FINE_TUNING_MODES and runs:
+            source.warnings.append(
+                f"ruleset: neither the logs nor the path (vX.Y) say which; {DEFAULT_RULESET} assumed; "
+                f"give --ruleset {'|'.join(RULESETS)} if they are another round's"
+            )
+    if len(logged) > 1:
+        source.warnings.append(f"the logs read as different rulesets ({', '.join(sorted(logged))})")
 
 
 def _evals(source: GroupSource) -> list[EvalResult]:

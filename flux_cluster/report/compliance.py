@@ -1,7 +1,11 @@
 """The official ``mlperf_logging.compliance_checker`` on every result log, in worker processes.
 
-The checker reads a whole log into memory; running it in workers keeps the harvester's own memory
-bounded and uses every core. It makes the checks ``result_summarizer`` makes.
+It makes the checks ``result_summarizer`` makes, on what its parser would read, fed line by line: the
+log is streamed (the harvester's reader: bounded lines, split as the parser's text mode splits them), only
+``:::MLLOG`` lines reach the parser, each cut to what follows its last token as the parser cuts it (but
+without its regex, which is quadratic in a line's length), and a line over MAX_LINE_BYTES is counted and
+dropped, never held. Each log is checked in a process of its own with a deadline (``timeout``): a log that
+takes longer is that run's verdict ("compliance check timed out after N s") and the others go on.
 
 The checker ``exec``s the code in its rules files, and picks the next file by formatting log values
 into a path (``training_X/{submission_division}_common.yaml``, then ``{division}_{benchmark}.yaml``),
@@ -14,12 +18,16 @@ ruleset we chose (never one the log chose).
 import logging
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flux_cluster.mlperf_rules import RULESETS
+from flux_cluster.mlperf_rules import CHECK_TIMEOUT_S, RULESETS
+from flux_cluster.report.harvest import MAX_LINE_BYTES
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 DIVISIONS = ("closed", "open")
 
@@ -64,17 +72,46 @@ def refused_values(loglines: list[Any], ruleset: str) -> list[str]:
     return refused
 
 
+def read_loglines(path: Path, ruleset: str) -> tuple[list[Any], int, int]:
+    """(the parser's LogLines of the log's :::MLLOG lines, lines it could not parse, MLLOG lines over
+    MAX_LINE_BYTES dropped), streamed: memory holds the parsed lines, never the file."""
+    import importlib
+
+    from flux_cluster.report.harvest import TOKEN, bounded_lines
+
+    parser = importlib.import_module(
+        f"mlperf_logging.compliance_checker.mlp_parser.ruleset_{ruleset.replace('.', '')}"
+    )
+    loglines, failed, dropped, lineno = [], 0, 0, 0
+    for line in bounded_lines(path):
+        if isinstance(line, int):  # too long to hold (the harvester skips it too)
+            dropped += 1
+            continue
+        at = line.rfind(TOKEN)
+        if at < 0:
+            continue
+        # what the parser's re.sub(".*:::MLLOG ", ...) leaves, then its strip(), on latin-1 text
+        text = line[at:].decode("latin-1").strip()
+        try:
+            loglines.append(parser.string_to_logline(lineno, text))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            failed += 1
+        lineno += 1
+    return loglines, failed, dropped
+
+
 def check_log(path: Path, ruleset: str) -> tuple[bool, list[str]]:
     """(passed, the checker's messages) for one log, closed/open division taken from the log."""
     if ruleset not in RULESETS:  # the rules folder is named by the ruleset: ours, never the log's
         return False, [f"ruleset {ruleset!r} is not one of {', '.join(RULESETS)}"]
-    from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
+    from mlperf_logging.compliance_checker import mlp_compliance
 
     quieted = logging.root.manager.disable
     logging.disable(logging.WARNING)  # the checker logs every message as a warning; we return them
     checker = mlp_compliance.make_checker(usage="training", ruleset=ruleset, quiet=True, werror=False)
     allowed = {f"training_{ruleset}/{name}" for name in os.listdir(_rules_dir(ruleset))}
     refused: list[str] = []
+    dropped = 0
 
     def enqueue_known(config: str) -> None:
         if config in allowed:
@@ -87,7 +124,7 @@ def check_log(path: Path, ruleset: str) -> tuple[bool, list[str]]:
     mlp_compliance.enqueue_config = enqueue_known  # the rules call it by this global name
     mlp_compliance.enqueued_configs.clear()  # a failed check in this worker may have left some
     try:
-        loglines, errors = mlp_parser.parse_file(str(path), ruleset=ruleset)
+        loglines, errors, dropped = read_loglines(path, ruleset)
         refused += refused_values(loglines, ruleset)
         if refused:
             return False, refused
@@ -101,24 +138,76 @@ def check_log(path: Path, ruleset: str) -> tuple[bool, list[str]]:
         mlp_compliance.enqueued_configs.clear()
         logging.disable(quieted)  # a caller in this process (a test) keeps its own warnings
     messages = [*refused, *checker.overwritable.values(), *checker.not_overwritable]
-    return not messages, [" ".join(str(m).split()) for m in messages]
+    shown = [" ".join(str(m).split()) for m in messages]
+    if dropped:  # said beside the verdict; the checker judged the lines it could read
+        shown.append(f"{dropped} :::MLLOG line(s) over {MAX_LINE_BYTES >> 10} KiB not given to the checker")
+    return not messages, shown
+
+
+def _check_in_process(path: Path, ruleset: str, send: "Connection") -> None:
+    """A worker process: one log's verdict, sent back; never a traceback of its own on the terminal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    try:
+        verdict = check_log(path, ruleset)
+    except BaseException as exc:  # the package missing or broken, say
+        verdict = False, [f"checker error: {type(exc).__name__}: {exc}"]
+    try:
+        send.send(verdict)
+    finally:
+        send.close()
 
 
 def check_logs(
-    jobs: list[tuple[Path, str]], on_done: Callable[[], None] | None = None
+    jobs: list[tuple[Path, str]],
+    on_done: Callable[[], None] | None = None,
+    timeout: float = CHECK_TIMEOUT_S,
 ) -> Iterator[tuple[int, bool, list[str]]]:
-    """(index into jobs, passed, messages), as they finish."""
-    if not jobs:
-        return
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    """(index into jobs, passed, messages), as they finish: each log in a process of its own, as many at
+    once as there are cores, stopped past timeout seconds (that run's verdict says so)."""
+    from multiprocessing.connection import wait
+
     context = multiprocessing.get_context("spawn")  # no fork of a process running rich's refresh thread
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(check_log, path, ruleset): i for i, (path, ruleset) in enumerate(jobs)}
-        for future in as_completed(futures):
-            if on_done is not None:
-                on_done()
-            try:
-                passed, messages = future.result()
-            except Exception as exc:  # a worker killed (out of memory on a huge log, say)
-                passed, messages = False, [f"checker did not finish: {type(exc).__name__}: {exc}"]
-            yield futures[future], passed, messages
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    waiting = list(enumerate(jobs))
+    running: dict[int, tuple[Any, Any, float]] = {}  # index -> (process, its pipe's end, started)
+    try:
+        while waiting or running:
+            while waiting and len(running) < workers:
+                index, (path, ruleset) = waiting.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_check_in_process, args=(path, ruleset, send), daemon=True)
+                process.start()
+                send.close()
+                running[index] = (process, receive, time.monotonic())
+            soonest = min(started for _, _, started in running.values()) + timeout
+            ready = wait([pipe for _, pipe, _ in running.values()], max(0.0, soonest - time.monotonic()))
+            for index, (process, pipe, started) in list(running.items()):
+                if pipe in ready:
+                    try:
+                        passed, messages = pipe.recv()
+                    except (EOFError, OSError):  # it died (killed for memory, say)
+                        process.join()
+                        passed, messages = False, [f"checker did not finish (exit code {process.exitcode})"]
+                elif time.monotonic() - started >= timeout:
+                    passed, messages = False, [f"compliance check timed out after {timeout:g} s"]
+                else:
+                    continue
+                _stop(process)
+                pipe.close()
+                del running[index]
+                if on_done is not None:
+                    on_done()
+                yield index, passed, messages
+    finally:
+        for process, pipe, _ in running.values():  # the caller stopped early (an error, Ctrl-C)
+            _stop(process)
+            pipe.close()
+
+
+def _stop(process: Any) -> None:
+    process.join(1)  # one that sent its verdict is ending
+    if process.is_alive():
+        process.kill()
+        process.join()

@@ -40,7 +40,8 @@ MAX_SIDE_FILE_BYTES = 1 << 20
 EVAL_SNIFF_BYTES = 64 << 10
 """An evaluate result names its kind in its first lines."""
 DEFAULT_RULESET = "5.1.0"
-"""For logs with no run config and no 'vX.Y' in their path: the first round with flux1."""
+"""For logs nothing else names a ruleset for (see report.build): the first round with flux1, with a
+warning asking for --ruleset."""
 
 
 @dataclass
@@ -56,6 +57,14 @@ class GroupSource:
     price_per_gpu_hour: float | None = None
     peak_tflops: float | None = None
     ruleset: str | None = None
+    """The run config's mlperf.ruleset (a flux-cluster run directory's); see path_ruleset."""
+    path_ruleset: str | None = None
+    """From a 'vX.Y' in the path (v5.1 -> 5.1.0), when it names a known ruleset."""
+    ruleset_from: str | None = None
+    """Where the ruleset used came from (report.build.choose_ruleset): '--ruleset', 'run config',
+    'logs', 'path' or 'assumed'."""
+    system_name: str | None = None
+    """A submission's systems/<system>.json system_name: the official summarizer's name for the row."""
     scaling_factor: float = 1.0
     run_dir: bool = False
     """A flux-cluster run directory (its model need not be the benchmark's flux-schnell)."""
@@ -170,10 +179,9 @@ def _describe(group: GroupSource) -> None:
             group.scaling_factor = float(factor)  # applied as the summarizer does, whatever its value
         elif document is not None:
             group.warnings.append(f"{scaling}: no numeric scaling_factor; ignored")
-    if group.ruleset is None:
-        match = re.search(r"v(\d+)\.(\d+)", str(group.path))
-        candidate = f"{match.group(1)}.{match.group(2)}.0" if match else None
-        group.ruleset = candidate if candidate in RULESETS else None
+    match = re.search(r"v(\d+)\.(\d+)", str(group.path))
+    candidate = f"{match.group(1)}.{match.group(2)}.0" if match else None
+    group.path_ruleset = candidate if candidate in RULESETS else None
 
 
 def _from_run_config(group: GroupSource, run_dir: Path) -> None:
@@ -230,6 +238,7 @@ def _from_submission_tree(group: GroupSource) -> None:
     if not isinstance(document, dict):
         return
     group.submitter = _str_or_none(document.get("submitter"))
+    group.system_name = _str_or_none(document.get("system_name"))
     group.accelerator_model = _str_or_none(document.get("accelerator_model_name"))
     counts = [per_system(k, document.get(k)) for k in ("number_of_nodes", "accelerators_per_node")]
     group.warnings += [f"{description}: {problem}" for _, problem in counts if problem]

@@ -5,6 +5,11 @@ evaluation ({"step", "samples", "eval_loss", "epoch", "train_seconds"}), the run
 line ({"clock": {"train_seconds"}}) and, when the run ends, a summary line ({"summary": {...}}). A run
 killed early has no summary: its figures then come from the evaluation and step lines, else from the log.
 
+Throughput has one definition in the report: images (samples) per second over the measured training steps
+alone, evaluation and each attempt's first step (compile, warm-up) excluded: the summary's images_per_s.
+It becomes the run's throughput_samples_per_s, so every card, table, plot and format shows that figure;
+only a run without a summary falls back to its log's training blocks (evaluation excluded).
+
 The summary covers the whole run: a run stopped and resumed carries its training time in its checkpoints,
 so its summary's train_seconds and images/s count every attempt (summary.attempts), while its result log
 (run_start to run_stop) has the last attempt only (the earlier ones' are in results/interrupted/). A
@@ -64,6 +69,8 @@ def read_fine_tuning(log: Path, run: RunResult) -> FineTuningRun:
     _take_summary(summary, result, run, metrics)
     _whole_run_minutes(summary, result, run, metrics)
     _fall_back(result, run, curve, last_step)
+    if result.images_per_s is not None:  # one throughput for the run, in every format and plot
+        run.throughput_samples_per_s = result.images_per_s
     return result
 
 

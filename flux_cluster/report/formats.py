@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flux_cluster.console import print_table
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, Latency
 from flux_cluster.report.harvest import RunResult
 from flux_cluster.report.scoring import GroupResult
-from flux_cluster.safe_text import plain, printable
+from flux_cluster.safe_text import csv_cell, plain, printable
 
 SCHEMA_VERSION = 1
 
@@ -41,6 +42,32 @@ def _name(group: GroupResult) -> str:
     return group.system or Path(group.path).name
 
 
+def system_label(group: GroupResult) -> str:
+    """The system as the summary table names it: its folder, and its systems JSON's system_name (the
+    official summarizer's name) where that differs."""
+    name = _name(group)
+    return f"{name} ({group.system_name})" if group.system_name and group.system_name != name else name
+
+
+def olympic_text(group: GroupResult) -> str | None:
+    """The olympic minutes, and the RCP scaling factor (scaling.json) beside a scaled one."""
+    if group.olympic_minutes is None:
+        return None
+    if group.scaling_factor == 1.0:
+        return f"{group.olympic_minutes:.2f}"
+    return f"{group.olympic_minutes:.2f} (x{group.scaling_factor:g} RCP)"
+
+
+def ruleset_text(group: GroupResult) -> str:
+    """The ruleset a group was checked under, and where it came from."""
+    source = "assumed: give --ruleset" if group.ruleset_from == "assumed" else f"from {group.ruleset_from}"
+    return (
+        f"ruleset {group.ruleset or '?'} ({source})"
+        if group.ruleset_from
+        else f"ruleset {group.ruleset or '?'}"
+    )
+
+
 def _runs(group: GroupResult) -> str:
     return f"{group.scored_runs}/{group.run_count}"
 
@@ -60,11 +87,11 @@ def mlperf_groups(groups: list[GroupResult]) -> list[GroupResult]:
 
 
 GROUP_COLUMNS = [
-    Column("system", _name),
+    Column("system", system_label),
     Column("benchmark", lambda g: g.benchmark, terminal=False),
     Column("accelerators", lambda g: g.accelerators),
     Column("runs scored", _runs),
-    Column("olympic minutes", lambda g: g.olympic_minutes, "{:.2f}"),
+    Column("olympic minutes", olympic_text),
     Column("mean minutes", lambda g: g.mean_minutes, "{:.2f}", terminal=False),
     Column(
         "minutes range",
@@ -81,14 +108,21 @@ GROUP_COLUMNS = [
     Column("GPU-hours all runs", lambda g: g.total_gpu_hours, "{:,.2f}", terminal=False, page=False),
     Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}", page=False),  # the page's cards say it
     Column("mode", lambda g: g.train_mode, terminal=False, page=False),
+    Column("ruleset", lambda g: g.ruleset, terminal=False, page=False),  # the titles and cards say it
 ]
 
 
-def _training_images_per_s(group: GroupResult) -> float | None:
-    """The training loop's own figure; for a benchmark group, its logs' samples/s (one image a sample)."""
-    return group.images_per_s if group.images_per_s is not None else group.throughput_samples_per_s
+def run_name(group: GroupResult) -> str:
+    """The run directory's name for a flux-cluster run (several runs on one system differ by it), else
+    the folder of the group's result files."""
+    path = Path(group.path)
+    return path.parent.name if path.name == "results" and path.parent.name else path.name
 
 
+THROUGHPUT_NOTE = (
+    "images/s and samples/s: the measured training steps alone, evaluation and each attempt's first step "
+    "(compile) excluded (a log without a metrics summary: its training blocks, evaluation excluded)"
+)
 FINE_TUNING_TITLE = "Fine-tuning, side by side"
 FINE_TUNING_NOTE = (
     "No olympic score (no MLPerf result): minutes are the mean measured run time, GPU-hours and USD per "
@@ -96,17 +130,19 @@ FINE_TUNING_NOTE = (
     "memory the most; inference p50/p99 (seconds per image, the fine-tuned model's where measured) and "
     "CLIP scores are means over the run's flux-cluster evaluate results, * when they are not meaningful; "
     f"mode {EVALUATIONS_ONLY_MODE}: evaluations outside a run (a pipeline alone, a LoRA file), one group per "
-    "system they record (evaluate --system), inference and CLIP figures only; cheapest first"
+    "system they record (evaluate --system), inference and CLIP figures only; cheapest first; "
+    + THROUGHPUT_NOTE
 )
 FINE_TUNING_COLUMNS = [
     Column("system", _name),
+    Column("run", run_name, page=False),  # the page's row heading names it
     Column("mode", lambda g: EVALUATIONS_ONLY_MODE if evaluations_only(g) else g.train_mode),
     Column("accelerators", lambda g: g.accelerators),
     Column("GPU", lambda g: g.accelerator_model, terminal=False, page=False),
     Column("runs", lambda g: None if evaluations_only(g) else g.run_count),
     Column("minutes", lambda g: g.mean_minutes, "{:.2f}"),
-    Column("images/s", _training_images_per_s, "{:,.1f}"),
-    Column("images/s/GPU", lambda g: g.images_per_s_per_accelerator, "{:,.2f}"),
+    Column("images/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
+    Column("images/s/GPU", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
     Column("step ms", lambda g: g.step_time_ms, "{:,.0f}"),
     Column("best val loss", lambda g: g.best_eval_loss, "{:.4f}"),
     Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}"),
@@ -190,7 +226,7 @@ FINE_TUNING_RUN_COLUMNS = [
     Column("final val loss", _tuned("final_eval_loss"), "{:.4f}"),
     Column("epochs", _tuned("epochs"), "{:g}"),
     Column("steps", _tuned("steps"), "{:,}"),
-    Column("images/s", _tuned("images_per_s"), "{:,.1f}"),
+    Column("images/s", lambda r: r.throughput_samples_per_s, "{:,.1f}"),
     Column("step ms", _tuned("step_time_ms"), "{:,.0f}"),
     Column("peak GB", _tuned("peak_memory_gb"), "{:,.1f}"),
     Column("optimizer", _tuned("optimizer")),
@@ -257,7 +293,7 @@ CSV_FIELDS = [
     "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
     "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s",
     "inference_usd_per_1k_images", "clip_score_base", "clip_score_tuned", "val_loss_base", "val_loss_tuned",
-    "evals_meaningful",
+    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from",
 ]  # fmt: skip
 
 
@@ -267,18 +303,8 @@ def render_csv(groups: list[GroupResult]) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for group in groups:
-        writer.writerow({name: _csv_cell(getattr(group, name)) for name in CSV_FIELDS})
+        writer.writerow({name: csv_cell(getattr(group, name)) for name in CSV_FIELDS})
     return out.getvalue()
-
-
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _csv_cell(value: Any) -> Any:
-    """A text cell a spreadsheet would run as a formula gets a leading quote (OWASP CSV injection)."""
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
-    return value
 
 
 # Markdown renders inline HTML, links and emphasis; these characters become entities so a cell or line
@@ -307,6 +333,8 @@ def render_markdown(groups: list[GroupResult], comparison: dict[str, Any] | None
         lines += ["", FINE_TUNING_NOTE + "."]
     for group in groups:
         lines += ["", f"## {_md(_name(group))} ({_md(group.benchmark)})", "", f"path: {_md(group.path)}", ""]
+        if not group.fine_tuning and not evaluations_only(group):
+            lines[-1:-1] = [f"{_md(ruleset_text(group))}", ""]
         lines += [] if evaluations_only(group) else _md_table(run_columns(group), group.runs)
         if group.evals:
             lines += ["", f"### {EVAL_TITLE}", "", *_md_table(EVAL_COLUMNS, group.evals), ""]
@@ -336,6 +364,12 @@ def _batch_line(group: GroupResult) -> str:
     )
 
 
+NAME_WIDTH = 20
+NAME_COLUMNS = ("system", "run")
+"""A terminal table's name columns keep up to NAME_WIDTH characters however narrow the window: several
+runs on one system must not read as the same row."""
+
+
 def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -344,7 +378,12 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
         shown = [c for c in columns if c.terminal]
         out = Table(title=title, title_justify="left")
         for column in shown:
-            out.add_column(column.header, justify="left" if column.header in left else "right")
+            named = column.header in NAME_COLUMNS  # a row's name: kept legible in a narrow window
+            width = (
+                min(NAME_WIDTH, max((len(column.text(row)) for row in rows), default=0)) if named else None
+            )
+            justify = "left" if column.header in left else "right"
+            out.add_column(column.header, justify=justify, min_width=width)
         for row in rows:
             dim = isinstance(row, RunResult) and not row.scored and row.fine_tuning is None
             out.add_row(*(plain(c.text(row)) for c in shown), style="dim" if dim else None)
@@ -353,23 +392,33 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
     for group in groups:
         title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}"
         if not evaluations_only(group):
-            heading = Text.assemble(plain(title), "\n", _batch_line(group))
-            console.print(table(heading, run_columns(group), group.runs, ("run", "status", "best weights")))
+            facts = (
+                _batch_line(group) if group.fine_tuning else f"{ruleset_text(group)}; {_batch_line(group)}"
+            )
+            heading = Text.assemble(plain(title), "\n", facts)
+            print_table(
+                console, table(heading, run_columns(group), group.runs, ("run", "status", "best weights"))
+            )
         if group.evals:
-            title = f"{EVAL_TITLE}: {plain(title if evaluations_only(group) else _name(group))}"
-            console.print(
-                table(title, EVAL_COLUMNS, group.evals, ("eval", "meaningful", "device", "weights"))
+            title = Text.assemble(
+                f"{EVAL_TITLE}: ", plain(title if evaluations_only(group) else _name(group))
+            )
+            print_table(
+                console, table(title, EVAL_COLUMNS, group.evals, ("eval", "meaningful", "device", "weights"))
             )
         for warning in all_warnings(group):
             console.print(Text.assemble(("warning:", "yellow"), " ", plain(warning)), soft_wrap=True)
     mlperf, tuned = mlperf_groups(groups), by_cost(groups)
     if tuned:
-        console.print(table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, ("system", "mode", "basis")))
+        print_table(
+            console, table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, ("system", "run", "mode", "basis"))
+        )
         console.print(FINE_TUNING_NOTE + ".", soft_wrap=True)
     if mlperf or not tuned:
         rules = "as MLPerf's result_summarizer" if checked else "summarizer rules; compliance not checked"
-        title = f"flux-cluster report (olympic scores {rules})"
-        console.print(table(title, GROUP_COLUMNS, mlperf, ("system", "basis")))
+        rulesets = ", ".join(dict.fromkeys(ruleset_text(g) for g in mlperf)) or "no ruleset"
+        title = f"flux-cluster report (olympic scores {rules}; {rulesets})"
+        print_table(console, table(title, GROUP_COLUMNS, mlperf, ("system", "basis")))
 
 
 def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
@@ -419,6 +468,6 @@ def print_comparison(comparison: dict[str, Any], console: Any) -> None:
                 format_number(metric["b"]),
                 format_ratio(metric["ratio"]),
             )
-        console.print(table)
+        print_table(console, table)
     for unmatched in comparison["unmatched"]:
         console.print(Text.assemble(("unmatched:", "yellow"), " ", plain(unmatched)))

@@ -22,7 +22,7 @@ from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
-from flux_cluster.mlperf_rules import QUALITY_TARGET
+from flux_cluster.mlperf_rules import EVAL_INTERVAL_SAMPLES, QUALITY_TARGET
 
 TOKEN = b":::MLLOG "
 KEY_MARK = b'"key": "'
@@ -47,8 +47,23 @@ _POINT_KEYS = frozenset(
         "seed",
         "number_of_nodes",
         "accelerators_per_node",
+        "evaluation_frequency",
     }
 )
+RULESET_610_KEYS = frozenset(
+    {
+        "lowest_numerical_precision_in_linear",
+        "lowest_numerical_precision_in_attn",
+        "lowest_numerical_precision_in_comm",
+        "tensor_parallelism",
+        "pipeline_parallelism",
+        "context_parallelism",
+        "expert_parallelism",
+        "micro_batch_size",
+        "config_filename",
+    }
+)
+"""Keys ruleset 6.1.0 requires and no earlier flux1 ruleset knows: a log with them is a 6.1.0 log."""
 _TIMELINE_KEYS = frozenset(
     {"run_start", "run_stop", "eval_accuracy", "eval_start", "eval_stop", "block_start", "block_stop"}
 )
@@ -121,7 +136,9 @@ class RunResult:
     eval_minutes: float = 0.0
     """Time spent between eval_start and eval_stop."""
     throughput_samples_per_s: float | None = None
-    """Samples trained per second inside block_start/block_stop intervals (evaluation excluded)."""
+    """Samples trained per second inside block_start/block_stop intervals (evaluation excluded); for a
+    fine-tuning run with a metrics summary, its images/s (measured steps alone: evaluation and each
+    attempt's first step excluded), the one figure every format shows (see report.finetune)."""
     throughput_per_accelerator: float | None = None
     mfu: float | None = None
     """Model FLOPs utilisation against the accelerator's bf16 peak, when both are known."""
@@ -143,6 +160,9 @@ class RunResult:
     """What MLPerf's RCP checker takes: the last eval's samples_count before the last run_stop, if
     that run_stop says success (the group's samples to converge is built from these)."""
     longest_line: int = field(default=0, repr=False)
+    logged_ruleset: str | None = field(default=None, repr=False)
+    """The ruleset the log's keys show: 6.1.0 (its disclosure keys), 6.0.0 (an evaluation_frequency
+    other than 5.1.0's fixed 262,144), else None (5.1.0 and 6.0.0 logs read the same)."""
 
 
 class _Intervals:
@@ -401,6 +421,11 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
         warn(f"{scan.evals_without_samples} eval_accuracy line(s) without samples_count")
 
     result.longest_line = scan.longest_line
+    frequency = _number(points.get("evaluation_frequency"), int)
+    if any(scan.counts[k] for k in RULESET_610_KEYS):
+        result.logged_ruleset = "6.1.0"
+    elif frequency is not None and frequency != EVAL_INTERVAL_SAMPLES:
+        result.logged_ruleset = "6.0.0"
     if scan.rcp_status == "success" and scan.rcp_samples is not None:
         result.rcp_samples = scan.rcp_samples if finite_number(scan.rcp_samples) else math.inf
     result.benchmark = _text(points.get("submission_benchmark"))
@@ -456,7 +481,7 @@ def _text(value: Any) -> str | None:
 
 def to_json(result: RunResult) -> dict[str, Any]:
     document = dict(result.__dict__)
-    for private in ("accelerators_from_log", "eval_epochs", "rcp_samples", "longest_line"):
+    for private in ("accelerators_from_log", "eval_epochs", "rcp_samples", "longest_line", "logged_ruleset"):
         document.pop(private)
     document["eval_curve"] = [list(point) for point in result.eval_curve]
     if result.fine_tuning is not None:

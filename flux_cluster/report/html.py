@@ -38,6 +38,8 @@ class Card:
 def _time(group: GroupResult) -> Answer:
     if group.olympic_minutes is not None:
         how = f"olympic score of {group.scored_runs}/{group.run_count} runs, as MLPerf's result_summarizer"
+        if group.scaling_factor != 1.0:
+            how += f", times the RCP scaling factor {group.scaling_factor:g} (scaling.json)"
         return Answer("Time to train", f"{group.olympic_minutes:,.2f} min", how)
     measured = [r.minutes for r in group.runs if r.minutes is not None]
     if not measured:
@@ -51,7 +53,7 @@ def _cost(group: GroupResult) -> Answer:
     if group.gpu_hours is None:
         why = "accelerator count unknown" if not group.accelerators else "no run time"
         return Answer("Cost per run", "-", why)
-    at = "the olympic time" if group.minutes_basis == "olympic" else "the mean measured time"
+    at = "the olympic time as measured" if group.minutes_basis == "olympic" else "the mean measured time"
     if group.cost_usd is None or group.price_per_gpu_hour is None:
         how = f"{group.gpu_hours:,.2f} GPU-h at {at}; no price (--price or the system's price_per_gpu_hour)"
         return Answer("Cost per run", "-", how)
@@ -62,14 +64,16 @@ def _cost(group: GroupResult) -> Answer:
 
 
 def _throughput(group: GroupResult) -> Answer:
-    per_gpu = group.images_per_s_per_accelerator
-    if group.fine_tuning and per_gpu is not None:  # the training loop's own figure, evaluations excluded
-        how = f"{group.images_per_s or 0:,.1f} images/s on {group.accelerators}, mean over its runs"
-        return Answer("Images/s per GPU", f"{per_gpu:,.2f}", how)
-    label = "Samples/s per accelerator"
+    label, unit = (
+        ("Images/s per GPU", "images/s") if group.fine_tuning else ("Samples/s per accelerator", "samples/s")
+    )
     if group.throughput_per_accelerator is None or group.throughput_samples_per_s is None:
         return Answer(label, "-", plots.no_throughput(group))
-    how = f"{group.throughput_samples_per_s:,.1f} samples/s on {group.accelerators}, evaluations excluded"
+    alone = "no evaluation, no first-step compile" if group.fine_tuning else "its logs' training blocks"
+    how = (
+        f"{group.throughput_samples_per_s:,.1f} {unit} on {group.accelerators}, mean over its runs; "
+        f"training steps alone ({alone})"
+    )
     return Answer(label, f"{group.throughput_per_accelerator:,.2f}", how)
 
 
@@ -140,6 +144,10 @@ def cards(groups: list[GroupResult]) -> list[Card]:
             out.append(Card(name, f"group-{index}", about, _inference_alone(group), warnings))
             continue
         about = [group.benchmark or "unknown benchmark"]
+        if group.system_name:
+            about.append(group.system_name)  # the official summarizer's name for the system
+        if not group.fine_tuning and group.ruleset_from:
+            about.append(formats.ruleset_text(group))
         if group.fine_tuning:
             about.append(f"fine-tuning ({group.train_mode}): no MLPerf result")
         if group.accelerators:

@@ -8,6 +8,7 @@ go to separate panels, each with its own sample axis.
 import functools
 import io
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ _STYLE = {"svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9, "
 SCALE_RATIO = 10
 """Curves whose lengths (samples) differ by more than this share no panel: the shorter would be a dot."""
 _NOTE_COLOR = "#8a5300"  # the page's warning colour
+MAX_LEFT_OUT_LINES = 8
+"""Groups or points a plot names as not shown, one line each; the rest are counted."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,9 @@ def _svg(figure: "Figure") -> str:
     buffer = io.StringIO()
     title = figure.get_suptitle() or figure.axes[0].get_title()
     matplotlib.rcParams["svg.hashsalt"] = title  # unique ids per inline SVG
-    FigureCanvasSVG(figure).print_svg(buffer, metadata={"Date": None})
+    with warnings.catch_warnings():  # a layout matplotlib cannot fit is drawn anyway; no user sees it
+        warnings.simplefilter("ignore")
+        FigureCanvasSVG(figure).print_svg(buffer, metadata={"Date": None})
     text = buffer.getvalue()
     return text[text.index("<svg") :]  # drop the XML prolog: the SVG goes inline in HTML
 
@@ -117,14 +122,20 @@ def _figure(title: str, width: float = 7.5, height: float = 4.0) -> tuple["Figur
     return figure, axes
 
 
-def _no_data(axes: "Axes", what: str) -> None:
-    axes.text(0.5, 0.5, f"no {what} in these logs", ha="center", va="center", transform=axes.transAxes)
+def _no_data(axes: "Axes", what: str, why: str | None = None) -> None:
+    """The empty plot's one line: why (the real reason, where known), else that the logs have none."""
+    axes.text(
+        0.5, 0.5, why or f"no {what} in these logs", ha="center", va="center", transform=axes.transAxes,
+        wrap=True,
+    )  # fmt: skip
 
 
 def _left_out(axes: "Axes", left_out: list[str], label: str = "") -> None:
     """Name the groups a plot does not show, under its x axis (where the layout keeps room for it)."""
     lines = [label] if label else []
-    lines += [f"not shown: {_plain(item)}" for item in left_out]
+    lines += [f"not shown: {_plain(item)}" for item in left_out[:MAX_LEFT_OUT_LINES]]
+    if len(left_out) > MAX_LEFT_OUT_LINES:  # more would squeeze the plot to nothing
+        lines.append(f"not shown: {len(left_out) - MAX_LEFT_OUT_LINES} more (see the tables)")
     if not lines:
         return
     axes.set_xlabel("\n".join(lines), loc="left" if left_out else "center")
@@ -218,7 +229,9 @@ def _bars(
     left_out = [g for g in groups if getattr(g, value) is None]
     _left_out(axes, [f"{labels[id(g)]}: {why(g)}".replace("\n", " ") for g in left_out])
     if not shown:
-        _no_data(axes, ylabel)
+        reasons = sorted({why(g) for g in left_out})
+        text = reasons[0] if len(reasons) == 1 else "none of these groups has one: see below for why"
+        _no_data(axes, ylabel, f"nothing to draw: {_plain(text)}" if groups else None)
         return figure
     positions = range(len(shown))
     axes.bar(positions, [getattr(g, value) for g in shown], color="#4c72b0", alpha=0.8)
@@ -253,6 +266,8 @@ def throughput(groups: list[GroupResult]) -> "Figure":
 
 def _time_and_cost(group: GroupResult) -> str:
     note = f"{group.olympic_minutes:,.1f} min"
+    if group.scaling_factor != 1.0:
+        note += f" (x{group.scaling_factor:g} RCP)"
     if group.gpu_hours is not None:
         note += f"\n{group.gpu_hours:,.1f} GPU-h"
     if group.cost_usd is not None:
@@ -273,17 +288,17 @@ def scaling(groups: list[GroupResult]) -> "Figure":
     figure, axes = _figure("Scaling: accelerators vs time to train")
     labels = names(groups)
     points: dict[tuple[int, float], list[str]] = {}  # groups with the same point share one label
-    left_out = []
+    why_not: dict[str, str] = {}
     for group, label in zip(groups, labels, strict=True):
         if group.accelerators and group.olympic_minutes is not None:
             points.setdefault((group.accelerators, group.olympic_minutes), []).append(label)
         else:
-            left_out.append(
-                f"{label}: {_why_no_score(group) if group.accelerators else 'accelerator count unknown'}"
-            )
-    _left_out(axes, left_out, "accelerators")
+            why_not[label] = _why_no_score(group) if group.accelerators else "accelerator count unknown"
+    _left_out(axes, [f"{label}: {why}" for label, why in why_not.items()], "accelerators")
     if not points:
-        _no_data(axes, "groups with both an accelerator count and a score")
+        reasons = sorted(set(why_not.values()))
+        why = reasons[0] if len(reasons) == 1 else "see below for why"
+        _no_data(axes, "scores", f"nothing to draw: {_plain(why)}" if groups else None)
         return figure
     xs = [x for x, _ in points]
     axes.scatter(xs, [y for _, y in points], color="#c44e52", zorder=3)
@@ -343,7 +358,7 @@ def fine_tuning_loss(groups: list[GroupResult]) -> "Figure":
 
 SIDE_BY_SIDE_TITLE = "Environments side by side: training, inference, quality and cost"
 _SIDE_PANELS: list[tuple[str, tuple[tuple[str, str], ...]]] = [
-    ("training images/s", (("", "images_per_s"),)),
+    ("training images/s", (("", "throughput_samples_per_s"),)),
     ("step time (ms)", (("", "step_time_ms"),)),
     ("time to train or run time (min)", (("", "mean_minutes"),)),
     ("inference s per image", (("p50", "inference_p50_s"), ("p99", "inference_p99_s"))),
@@ -355,8 +370,6 @@ _SIDE_PANELS: list[tuple[str, tuple[tuple[str, str], ...]]] = [
 
 
 def _side_value(group: GroupResult, attribute: str) -> float | None:
-    if attribute == "images_per_s" and group.images_per_s is None:
-        return group.throughput_samples_per_s  # a benchmark group: one image a sample
     if attribute == "mean_minutes" and group.olympic_minutes is not None:
         return group.olympic_minutes
     value: float | None = getattr(group, attribute)

@@ -9,8 +9,9 @@ follow its RCP checker: per run the converged samples (unconverged counts as inf
 unconverged gives none, else the mean without the lowest and highest, given at least 3 runs.
 
 Fine-tuning runs (a run directory whose train.mode is 'lora' or 'finetune') are no MLPerf result: never
-checked, never scored. GPU-hours and cost come from the olympic score when there is one, else from the
-measured run times (run_stop - run_start), so every group with a run time, accelerators and a price
+checked, never scored. GPU-hours and cost come from the olympic average as measured (before the
+scaling.json factor: what the runs took) when there is one, else from the measured run times
+(run_stop - run_start), so every group with a run time, accelerators and a price
 has a cost. A fine-tuning group also gets the means over its runs of images/s, step time and best and
 final validation loss (from each run's metrics file, see ``finetune``), and its peak memory.
 """
@@ -47,7 +48,12 @@ class GroupResult:
     accelerators: int | None
     ruleset: str | None
     runs: list[RunResult]
+    ruleset_from: str | None = None
+    """Where ruleset came from: '--ruleset', 'run config', 'logs', 'path' or 'assumed' (nothing said)."""
+    system_name: str | None = None
+    """A submission's systems JSON system_name (the official summarizer's name for the row)."""
     olympic_minutes: float | None = None
+    """The olympic average times scaling_factor (scaling.json, the RCP factor), as the summarizer."""
     mean_minutes: float | None = None
     min_minutes: float | None = None
     max_minutes: float | None = None
@@ -57,6 +63,8 @@ class GroupResult:
     samples_to_converge: float | None = None
     scaling_factor: float = 1.0
     gpu_hours: float | None = None
+    """Accelerator-hours of one run at the measured (unscaled) olympic average, else the mean measured
+    run time: what the runs took, never the RCP-scaled score."""
     price_per_gpu_hour: float | None = None
     cost_usd: float | None = None
     throughput_samples_per_s: float | None = None
@@ -71,7 +79,9 @@ class GroupResult:
     """Every run with a measured time, together."""
     total_cost_usd: float | None = None
     images_per_s: float | None = None
-    """Fine-tuning groups only, from here on: the mean over runs (peak memory: the most)."""
+    """Fine-tuning groups only, from here on: the mean over runs (peak memory: the most). images_per_s and
+    images_per_s_per_accelerator are throughput_samples_per_s and throughput_per_accelerator under the
+    names of fine-tuning (one image a sample): one figure, the measured training steps alone."""
     images_per_s_per_accelerator: float | None = None
     step_time_ms: float | None = None
     best_eval_loss: float | None = None
@@ -144,6 +154,8 @@ def score_group(
         accelerator_model=source.accelerator_model,
         accelerators=accelerators,
         ruleset=source.ruleset,
+        ruleset_from=source.ruleset_from,
+        system_name=source.system_name,
         runs=runs,
         run_count=len(runs),
         scaling_factor=source.scaling_factor,
@@ -166,6 +178,7 @@ def score_group(
             run.scored = run.status == "success" and run.minutes is not None
 
     scores = [run.minutes for run in runs if run.scored and run.minutes is not None]
+    average: float | None = None
     measured = [run.minutes for run in runs if run.minutes is not None]
     dropped = len(runs) - len(scores)
     timed = measured if group.fine_tuning else scores  # no run of a fine-tuning group is scored
@@ -192,7 +205,7 @@ def score_group(
         group.warnings.append("runs use different global batch sizes")
     group.samples_to_converge = olympic_samples(runs)
 
-    per_run = group.olympic_minutes
+    per_run = average if group.olympic_minutes is not None else None  # measured, not RCP-scaled
     if per_run is not None:
         group.minutes_basis = "olympic"
     elif measured:
@@ -206,14 +219,11 @@ def score_group(
     elif not accelerators:
         group.warnings.append("accelerator count unknown: no GPU-hours, cost or per-accelerator figures")
     with_throughput = [r for r in runs if r.throughput_samples_per_s]
-    if with_throughput:
-        group.throughput_samples_per_s = statistics.fmean(
-            r.throughput_samples_per_s or 0 for r in with_throughput
-        )
+    group.throughput_samples_per_s = _mean([r.throughput_samples_per_s for r in with_throughput])
+    if group.throughput_samples_per_s is not None:
         if accelerators:
             group.throughput_per_accelerator = group.throughput_samples_per_s / accelerators
-        mfus = [r.mfu for r in with_throughput if r.mfu is not None]
-        group.mfu = statistics.fmean(mfus) if mfus else None
+        group.mfu = _mean([r.mfu for r in with_throughput])
     if group.fine_tuning:
         _fine_tuning_figures(group)
     if evals:
@@ -252,12 +262,13 @@ def _fine_tuning_figures(group: GroupResult) -> None:
     def values(name: str) -> list[float]:
         return [v for v in (getattr(r, name) for r in runs) if v is not None]
 
-    for name in ("images_per_s", "step_time_ms", "best_eval_loss", "final_eval_loss"):
+    for name in ("step_time_ms", "best_eval_loss", "final_eval_loss"):
         setattr(group, name, _mean(list(values(name))))
     memory = values("peak_memory_gb")
     group.peak_memory_gb = max(memory) if memory else None
-    if group.images_per_s is not None and group.accelerators:
-        group.images_per_s_per_accelerator = group.images_per_s / group.accelerators
+    # the group's one throughput (finetune: the summary's measured steps), under its fine-tuning names too
+    group.images_per_s = group.throughput_samples_per_s
+    group.images_per_s_per_accelerator = group.throughput_per_accelerator
 
 
 def _per_accelerator(run: RunResult, flops_per_sample: float | None, peak_tflops: float | None) -> None:

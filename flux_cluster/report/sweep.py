@@ -232,24 +232,24 @@ def sweep_document(reports: list[SweepReport]) -> dict[str, Any]:
 
 def render_csv(reports: list[SweepReport]) -> str:
     """One sweep: runs_summary.csv's columns and cells, its rows in the report's order. Several: a
-    leading 'sweep' column (the sweep's name) and every sweep's columns."""
-    texts = [summary_csv(report.state) for report in reports]
-    if len(reports) == 1:
-        return texts[0]
+    leading 'sweep' column (the sweep's name) and every sweep's columns. Every cell as csv_cell has it:
+    no control character reaches a terminal, no formula a spreadsheet."""
     import csv
     import io
 
-    from flux_cluster.report.formats import _csv_cell
+    from flux_cluster.safe_text import csv_cell
 
-    columns = ["sweep"]
+    several = len(reports) > 1
+    columns = ["sweep"] if several else []
     for report in reports:
         columns += [c for c in report.columns if c not in columns]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
-    for report, text in zip(reports, texts, strict=True):
-        for row in csv.DictReader(io.StringIO(text)):
-            writer.writerow({"sweep": _csv_cell(report.name), **row})
+    for report in reports:
+        for row in csv.DictReader(io.StringIO(summary_csv(report.state))):
+            cells = {key: csv_cell(value) for key, value in row.items()}
+            writer.writerow({"sweep": csv_cell(report.name), **cells} if several else cells)
     return out.getvalue()
 
 

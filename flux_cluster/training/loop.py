@@ -36,6 +36,7 @@ from flux_cluster.launch.rundir import lock_repeat
 from flux_cluster.training.attention import attention_backend, probe_backend
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, from_rank0, step_of
 from flux_cluster.training.flops import training_flops_per_sample
+from flux_cluster.training.memory import CheckpointingChoice, resolve_checkpointing
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.model import (
     add_lora,
@@ -228,7 +229,14 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         mllog.event("target_accuracy", value=schedule.target)  # no constant for it
 
     # ---- model, sharding, optimizer, data
-    trainer = build_trainer(plan, info, ctx.seed)
+    trainer = build_trainer(plan, info, ctx.seed, ctx.system.gpu_memory_gb)
+    checkpointing_facts: dict[str, Any] = {"configured": cfg.activation_checkpointing}
+    if (choice := trainer.auto_choice) is not None:
+        _say(rank0, choice.describe())
+        if not math.isnan(choice.estimate_gb):
+            checkpointing_facts |= {"estimated_peak_gb": round(choice.estimate_gb, 1)}
+    # not an MLPerf key: the mode in use, and what 'auto' estimated
+    mllog.event("activation_checkpointing", value=trainer.checkpointing, metadata=checkpointing_facts)
     model, params, optimizer, scheduler = trainer.model, trainer.params, trainer.optimizer, trainer.scheduler
     dtype, warmup = trainer.dtype, plan.warmup_steps
     loader = plan_loader(plan, ctx.data_dir, info, ctx.seed)
@@ -363,13 +371,21 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     dtype: torch.dtype
+    checkpointing: str = "full"
+    """The activation checkpointing mode in use ('auto' resolved)."""
+    auto_choice: CheckpointingChoice | None = None
+    """How 'auto' chose it (None for a configured mode)."""
 
 
-def build_trainer(plan: TrainingPlan, info: DistInfo, seed: int) -> Trainer:
+def build_trainer(
+    plan: TrainingPlan, info: DistInfo, seed: int, gpu_memory_gb: float | None = None
+) -> Trainer:
     """The model (random init, or pretrained with LoRA adapters), sharded by FSDP2 with checkpointing and
-    compile per block, its optimizer and linear warmup. The same on every rank: seeded before init."""
+    compile per block, its optimizer and linear warmup. The same on every rank: seeded before init.
+    ``gpu_memory_gb`` (the system's) is what checkpointing 'auto' fits into."""
     cfg = plan.train
     dtype = getattr(torch, cfg.param_dtype)
+    checkpointing, choice = resolve_checkpointing(plan, gpu_memory_gb)
     torch.manual_seed(seed)  # the same initial weights on every rank
     model = build_model(plan.model_args, cfg.pretrained_path if cfg.mode != "pretrain" else None)
     if cfg.mode == "lora":
@@ -385,7 +401,7 @@ def build_trainer(plan: TrainingPlan, info: DistInfo, seed: int) -> Trainer:
         mesh,
         info.device,
         param_dtype=dtype,
-        activation_checkpointing=cfg.activation_checkpointing,
+        activation_checkpointing=checkpointing,
         compile_blocks=cfg.compile,
         precision=cfg.precision,
     )
@@ -395,7 +411,7 @@ def build_trainer(plan: TrainingPlan, info: DistInfo, seed: int) -> Trainer:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
     )
-    return Trainer(model, params, optimizer, scheduler, dtype)
+    return Trainer(model, params, optimizer, scheduler, dtype, checkpointing, choice)
 
 
 def plan_loader(plan: TrainingPlan, data_dir: Path, info: DistInfo, seed: int) -> Any:

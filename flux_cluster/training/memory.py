@@ -23,11 +23,15 @@ a real run's (tests/test_memory.py checks both against the CPU). Attention is ro
 kernel's autograd (it keeps q, k, v, the output and the log-sum-exp), as ``attention_backend("auto")``
 picks on GPUs; the meta device would otherwise take the math kernel, which keeps the attention matrix.
 
+- the peak: gradients are freed between steps, so the forward's activations and the full gradients are
+  never held together (MemoryEstimate.total_gb), unless gradients accumulate over micro-batches.
+- torch.compile: compiled blocks keep COMPILED_KEPT_FRACTION of what eager blocks keep, fitted to
+  compiled peaks measured on one H200 (within 10% for every mode measured; tests/test_memory.py).
+
 Approximations: the inputs every block shares (the conditioning vector and the rotary tables) are counted
 once, in the root, although FSDP casts the rotary tables per block; layer-norm statistics are float32 as
-on CUDA. Not modelled: torch.compile (fused kernels keep fewer intermediates, so compiled runs peak
-lower), the backward's transients (activation gradients of the block in progress, kernel workspaces),
-the CUDA context (~0.5 GB, outside ``max_memory_allocated``) and allocator fragmentation.
+on CUDA. Not modelled: the backward's transients (activation gradients of the block in progress, kernel
+workspaces), the CUDA context (~0.5 GB, outside ``max_memory_allocated``) and allocator fragmentation.
 """
 
 import gc
@@ -37,6 +41,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import notices)
+
+# isort: split
 import torch
 import torch.nn.functional as F
 from diffusers import FluxTransformer2DModel
@@ -46,7 +53,7 @@ from torch.utils._pytree import tree_leaves
 
 from flux_cluster.training.model import parameter_count, predict_velocity
 from flux_cluster.training.parallelize import checkpointed, wrap_for_checkpointing
-from flux_cluster.training.workload import ModelArgs
+from flux_cluster.training.workload import ModelArgs, TrainingPlan
 
 GB = 1e9
 MASTER_BYTES_PER_PARAM = 16
@@ -55,18 +62,32 @@ IN_FLIGHT_BLOCKS = 2
 """Blocks unsharded at once: the one running and the one FSDP prefetches."""
 WRAPPINGS = ("plain", "full", "ops")
 """How a block is measured: unwrapped, whole-block checkpointed, or selectively ('ops')."""
+COMPILED_KEPT_FRACTION = 0.6
+"""What a compiled block keeps for its backward, as a fraction of what the eager block keeps (the meta
+measurement): compiled kernels fuse element-wise chains and keep none of their intermediates. Fitted to
+one H200 (flux-schnell width, 4+8 blocks, micro-batch 32, no checkpointing: 54.5 GB compiled); it then
+gives full 45.0 (measured 43.6), alternate 47.0 (44.8), ops 48.7 (45.2) GB, all within 10%
+(tests/test_memory.py). It applies to plain blocks and to a checkpointed block's recomputation; what
+'ops' keeps (matmul and attention outputs) and a checkpointed block's inputs are kept whole."""
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights_and_optimizer_gb: float
+    """Sharded float32 weights, gradients and AdamW states (16 bytes per parameter)."""
     gathered_params_gb: float
     activations_gb: float
+    gradients_gb: float = 0.0
+    """The sharded float32 gradients within weights_and_optimizer_gb that are freed between steps
+    (``zero_grad(set_to_none=True)``): absent while the forward keeps its activations, back by the end of
+    the backward, which has freed them. 0 when gradients stay (accumulation over micro-batches)."""
     total_gb: float = field(init=False)
 
     def __post_init__(self) -> None:
-        total = self.weights_and_optimizer_gb + self.gathered_params_gb + self.activations_gb
-        object.__setattr__(self, "total_gb", total)
+        # The peak is at the start of the backward (all activations, no gradients) or at its end (all
+        # gradients, no activations): both fall and rise block by block, so nowhere in between is higher.
+        extra = max(self.activations_gb - self.gradients_gb, 0.0)
+        object.__setattr__(self, "total_gb", self.weights_and_optimizer_gb + self.gathered_params_gb + extra)
 
 
 @dataclass(frozen=True)
@@ -103,9 +124,13 @@ def estimate_memory(
     image_tokens: int = 256,
     text_tokens: int = 256,
     dtype: torch.dtype = torch.bfloat16,
+    compiled: bool = True,
+    gradients_held: bool = False,
 ) -> MemoryEstimate:
     """Peak memory of one rank training ``args`` sharded over ``world_size`` ranks, with micro-batch
-    ``micro_batch`` and activation checkpointing ``mode`` (parallelize.py's modes), computing in ``dtype``."""
+    ``micro_batch`` and activation checkpointing ``mode`` (parallelize.py's modes), computing in ``dtype``,
+    with blocks ``compiled`` (train.compile) or eager. ``gradients_held``: the gradients live through the
+    forward (accumulation over several micro-batches per step), not only from the backward on."""
     counts = parameter_counts(args)
     largest_block = max(counts.double, counts.single)
     compute = dtype.itemsize
@@ -115,18 +140,20 @@ def estimate_memory(
         + counts.root * 2 * compute  # the root unit's parameters and gradients
     )
     kept = activation_bytes(args, micro_batch, image_tokens, text_tokens, dtype)
+    fused = COMPILED_KEPT_FRACTION if compiled else 1.0
     wrapping = "ops" if mode == "ops" else "full"
     blocks = [kept.double] * args.num_layers + [kept.single] * args.num_single_layers
-    activations, recomputed = kept.root, 0
+    activations, recomputed = float(kept.root), 0.0
     for block, wrap in zip(blocks, checkpointed(mode, args.num_layers, args.num_single_layers), strict=True):
-        activations += block[wrapping] if wrap else block["plain"]
+        activations += block[wrapping] if wrap else block["plain"] * fused
         if wrap:  # its backward recomputes what it did not keep, one block at a time
-            recomputed = max(recomputed, block["plain"] - block[wrapping])
+            recomputed = max(recomputed, (block["plain"] - block[wrapping]) * fused)
     activations += recomputed
     return MemoryEstimate(
         weights_and_optimizer_gb=MASTER_BYTES_PER_PARAM * counts.total(args) / world_size / GB,
         gathered_params_gb=gathered / GB,
         activations_gb=activations / GB,
+        gradients_gb=0.0 if gradients_held else 4 * counts.total(args) / world_size / GB,
     )
 
 
@@ -286,3 +313,87 @@ class _FlashAttention(TorchFunctionMode):
             named.get("is_causal", False),
             scale=named.get("scale"),
         )[0]
+
+
+AUTO_ORDER = ("none", "ops", "alternate", "single", "full")
+"""train.activation_checkpointing 'auto' tries these in order, least recomputation first (measured on one
+H200, compiled, mbs 32: none 106.5, ops 103.3, alternate 93.7, full 83.6 samples/s; single recomputes
+the 2/3 of the blocks that are single-stream), and takes the first that fits."""
+AUTO_HEADROOM = 0.10
+"""The share of the GPU's memory 'auto' leaves free of the estimate: the CUDA context, the backward's
+transients, allocator fragmentation, and the estimate's own error (within 10% of measured peaks)."""
+
+
+@dataclass(frozen=True)
+class CheckpointingChoice:
+    mode: str
+    estimate_gb: float
+    """The estimated peak under ``mode``; nan where no GPU memory is known."""
+    budget_gb: float
+    """The GPU's memory less the headroom; nan where unknown."""
+
+    def describe(self) -> str:
+        if math.isnan(self.budget_gb):
+            return f"activation checkpointing auto -> {self.mode} (no gpu_memory_gb for this system)"
+        over = self.estimate_gb > self.budget_gb
+        return (
+            f"activation checkpointing auto -> {self.mode}: estimated peak {self.estimate_gb:.1f} GB per "
+            f"GPU, {'over' if over else 'within'} {self.budget_gb:.1f} GB ({1 - AUTO_HEADROOM:.0%} of the "
+            f"GPU's memory){': no mode fits, full keeps the least' if over else ''}"
+        )
+
+
+def choose_checkpointing(
+    args: ModelArgs,
+    world_size: int,
+    micro_batch: int,
+    gpu_memory_gb: float | None,
+    *,
+    compiled: bool = True,
+    gradients_held: bool = False,
+    image_tokens: int = 256,
+    text_tokens: int = 256,
+    dtype: torch.dtype = torch.bfloat16,
+) -> CheckpointingChoice:
+    """The mode 'auto' resolves to: the first of AUTO_ORDER whose estimated peak fits ``gpu_memory_gb``
+    less AUTO_HEADROOM; 'full' when none does (the least memory there is) or when the GPU's memory is not
+    known (the default before 'auto' existed)."""
+    if gpu_memory_gb is None:
+        return CheckpointingChoice("full", math.nan, math.nan)
+    budget = gpu_memory_gb * (1 - AUTO_HEADROOM)
+    estimate = math.nan
+    for mode in AUTO_ORDER:
+        estimate = estimate_memory(
+            args,
+            world_size,
+            micro_batch,
+            mode,
+            image_tokens=image_tokens,
+            text_tokens=text_tokens,
+            dtype=dtype,
+            compiled=compiled,
+            gradients_held=gradients_held,
+        ).total_gb
+        if estimate <= budget:
+            return CheckpointingChoice(mode, estimate, budget)
+    return CheckpointingChoice("full", estimate, budget)
+
+
+def resolve_checkpointing(
+    plan: TrainingPlan, gpu_memory_gb: float | None
+) -> tuple[str, CheckpointingChoice | None]:
+    """The mode a run uses, and how 'auto' chose it (None for a configured mode): estimated per rank of
+    the FSDP shard group, gradients held through the forward when several micro-batches make a step."""
+    cfg = plan.train
+    if cfg.activation_checkpointing != "auto":
+        return cfg.activation_checkpointing, None
+    choice = choose_checkpointing(
+        plan.model_args,
+        plan.dp_shard,
+        cfg.micro_batch_size,
+        gpu_memory_gb,
+        compiled=cfg.compile,
+        gradients_held=plan.grad_accum_steps > 1,
+        dtype=getattr(torch, cfg.param_dtype),
+    )
+    return choice.mode, choice

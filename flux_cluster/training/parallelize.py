@@ -61,6 +61,8 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def checkpointed(mode: str, double_blocks: int, single_blocks: int) -> list[bool]:
     """Per block, in forward order: is it wrapped for activation checkpointing under ``mode``?"""
     total = double_blocks + single_blocks
+    if mode not in ("full", "alternate", "single", "ops", "none"):  # 'auto' is resolved before this
+        raise ValueError(f"activation checkpointing {mode!r}: expected full, alternate, single, ops or none")
     if mode == "single":
         return [index >= double_blocks for index in range(total)]
     if mode == "alternate":
@@ -91,15 +93,23 @@ def _float8_friendly(module: torch.nn.Module, _name: str) -> bool:
     )
 
 
-def convert_to_float8(model: torch.nn.Module) -> int:
-    """Swap every block's linear layers for torchao's Float8Linear (train.precision 'fp8'); the embedders and
-    the head stay bf16. Returns how many were swapped. Fast on FP8 GPUs only (H100, MI300 and newer): the
-    speed path is GPU-only, the numerics are the same on CPU."""
+FP8_RECIPES = ("tensorwise", "rowwise")
+"""torchao's float8 training recipes: one scale per tensor (cuBLAS; a global amax reduction before each
+cast), or one per row (CUTLASS; the amax fuses with the cast)."""
+
+
+def convert_to_float8(model: torch.nn.Module, recipe: str = "tensorwise") -> int:
+    """Swap every block's linear layers for torchao's Float8Linear (train.precision 'fp8') with ``recipe``
+    (FP8_RECIPES); the embedders and the head stay bf16. Returns how many were swapped. Fast on FP8 GPUs
+    only (H100, MI300 and newer): the speed path is GPU-only, the numerics are the same on CPU."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe {recipe!r}: expected one of {', '.join(FP8_RECIPES)}")
+    config = Float8LinearConfig.from_recipe_name(recipe)
     before = sum(type(m) is torch.nn.Linear for m in model.modules())
     for block in transformer_blocks(model):
-        convert_to_float8_training(block, config=Float8LinearConfig(), module_filter_fn=_float8_friendly)
+        convert_to_float8_training(block, config=config, module_filter_fn=_float8_friendly)
     return before - sum(type(m) is torch.nn.Linear for m in model.modules())
 
 
@@ -128,12 +138,14 @@ def parallelize(
     activation_checkpointing: str,
     compile_blocks: bool,
     precision: str = "bf16",
+    fp8_recipe: str = "tensorwise",
 ) -> torch.nn.Module:
     """Shard the model in place: each block is one FSDP unit (gathered just before it runs and freed
     after), the embedders and head form the root unit. Meta-device models are materialised here, shard
-    by shard, and initialised. ``precision`` 'fp8' first swaps the blocks' linears for float8 ones."""
+    by shard, and initialised. ``precision`` 'fp8' first swaps the blocks' linears for float8 ones
+    (``fp8_recipe``)."""
     if precision == "fp8":
-        convert_to_float8(model)
+        convert_to_float8(model, fp8_recipe)
     prepare_blocks(model, activation_checkpointing, compile_blocks)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     blocks = transformer_blocks(model)

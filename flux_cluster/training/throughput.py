@@ -164,7 +164,7 @@ def _facts(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
 
 def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     plan, cfg = job.plan, job.plan.train
-    trainer = build_trainer(plan, info, job.seed)
+    trainer = build_trainer(plan, info, job.seed, job.system.gpu_memory_gb)
     model_args = ModelArgs.of(trainer.model.config)
     if job.data_dir is None:
         dims = synthetic_dims(model_args)
@@ -206,6 +206,7 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     p50, p90, p99 = np.percentile(step_s * 1000, [50, 90, 99])
     return {
         "status": "ok",
+        "activation_checkpointing": trainer.checkpointing,  # the mode in use ('auto' resolved)
         "samples_per_s": samples_per_s,
         "samples_per_s_per_gpu": samples_per_s / info.world_size,
         "step_time_ms_mean": mean_s * 1000,

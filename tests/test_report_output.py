@@ -1,0 +1,141 @@
+"""What the report prints (issues 27 and 31): plots that say why they are empty, tables never cut when
+piped, every Table printed through print_table, CSV cells without control characters, help text as typed."""
+
+import ast
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_report import GROUP, sample
+from test_report_finetune import fine_tuning_run
+from typer.testing import CliRunner
+
+from flux_cluster.cli import app
+from flux_cluster.report import plots
+from flux_cluster.report.build import Options, build
+from flux_cluster.report.formats import print_tables, render_markdown
+from flux_cluster.report.html import render_html
+from flux_cluster.report.scoring import GroupResult
+
+__all__ = ["sample"]  # test_report's fixture (the real v5.1 logs, unpacked once)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _unscored(**changes: object) -> GroupResult:
+    group = GroupResult(
+        path="/r/h100/flux1", benchmark="flux1", system="h100", submitter=None, accelerator_model=None,
+        accelerators=8, ruleset="5.1.0", runs=[], run_count=2, scored_runs=2, mean_minutes=3.07,
+    )  # fmt: skip
+    for key, value in changes.items():
+        setattr(group, key, value)
+    return group
+
+
+def test_an_empty_plot_says_the_real_reason() -> None:
+    svg = plots.time_to_train([_unscored()])
+    assert "no minutes in these logs" not in svg
+    assert "nothing to draw: no olympic score (2/2 runs scored: too few)" in svg
+    assert "nothing to draw: no olympic score" in plots.scaling([_unscored()])
+    assert "nothing to draw: no throughput in its logs" in plots.throughput([_unscored()])
+    assert "no minutes in these logs" in plots.time_to_train([])  # nothing at all: that is the reason
+
+
+def test_piped_tables_keep_every_value_whole(sample: Path, cli: CliRunner, tmp_path: Path) -> None:
+    piped = cli.invoke(app, ["report", str(sample), "--no-check"])  # CliRunner's stdout is no terminal
+    assert piped.exit_code == 0 and "\u2026" not in piped.stdout, piped.stdout
+    system = GROUP.parts[-2]
+    assert any(system in line and "160.71" in line for line in piped.stdout.splitlines())  # | grep tyche
+    assert f"{sample / GROUP}" in piped.stdout  # the title's path, whole on its line
+
+    deep = fine_tuning_run(tmp_path / ("a-rather-long-folder-name-" * 6) / "lora-run")
+    out = tmp_path / "f.txt"
+    assert cli.invoke(app, ["report", str(deep), "--no-check", "-o", str(out)]).exit_code == 0
+    text = out.read_text()
+    assert "\u2026" not in text and any(
+        str(deep / "results" / "best_0") in line for line in text.splitlines()
+    )
+
+
+def _table_names(tree: ast.AST) -> set[str]:
+    """Names assigned a rich Table(...) in a module, and its functions that return one."""
+    names = set()
+    for node in ast.walk(tree):
+        called = isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        if called and getattr(node.value.func, "id", None) == "Table":
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        if isinstance(node, ast.FunctionDef) and "Table" in ast.unparse(node.returns or ast.Constant(None)):
+            names.add(node.name)
+    return names
+
+
+def test_every_module_that_builds_a_table_prints_it_with_print_table() -> None:
+    """print_table keeps piped values whole; console.print(table) would cut them at 80 columns."""
+    builders, bypasses = [], []
+    for path in sorted([*(ROOT / "flux_cluster").rglob("*.py"), *(ROOT / "data_prep").rglob("*.py")]):
+        source = path.read_text()
+        if "Table(" not in source or path.name == "console.py":
+            continue
+        builders.append(path.name)
+        tree = ast.parse(source)
+        tables = _table_names(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "print" and node.args):
+                continue
+            first = node.args[0]
+            name = first.func if isinstance(first, ast.Call) else first
+            if getattr(name, "id", None) in tables:
+                bypasses.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert {"formats.py", "sweep.py", "verify.py", "preflight.py"} <= set(builders), builders
+    assert not bypasses, "print these with flux_cluster.console.print_table:\n" + "\n".join(bypasses)
+
+
+def _submission(sample: Path, root: Path, runs: int = 3) -> Path:
+    """A copy of the v5.1 sample's layout with its first runs: <org>/results/<system>/flux1, systems/."""
+    group = root / GROUP
+    group.mkdir(parents=True)
+    for i in range(runs):
+        shutil.copy(sample / GROUP / f"result_{i}.txt", group)
+    shutil.copytree(sample / GROUP.parents[2] / "systems", root / GROUP.parents[2] / "systems")
+    return group
+
+
+def test_the_ruleset_is_read_from_the_logs_or_the_path_and_shown(sample: Path, tmp_path: Path) -> None:
+    plain = _submission(sample, tmp_path / "plain")
+    (group,) = build([plain], Options(check=False))
+    assert (group.ruleset, group.ruleset_from) == ("5.1.0", "assumed")
+    assert any("give --ruleset" in w for w in group.warnings)
+    out = io.StringIO()
+    print_tables([group], Console(file=out, width=100), checked=False)
+    assert "ruleset 5.1.0 (assumed: give --ruleset)" in out.getvalue()
+
+    versioned = _submission(sample, tmp_path / "v6.0" / "closed")
+    (group,) = build([versioned], Options(check=False))
+    assert (group.ruleset, group.ruleset_from) == ("6.0.0", "path")
+    (group,) = build([versioned], Options(check=False, ruleset="6.1.0"))
+    assert (group.ruleset, group.ruleset_from) == ("6.1.0", "--ruleset")
+
+    newer = _submission(sample, tmp_path / "newer")  # a 6.1.0 log: its disclosure keys
+    for log in newer.glob("result_*.txt"):
+        line = b':::MLLOG {"time_ms": 1, "key": "config_filename", "value": "c.sh", "metadata": {}}\n'
+        log.write_bytes(line + log.read_bytes())
+    (group,) = build([newer], Options(check=False))
+    assert (group.ruleset, group.ruleset_from) == ("6.1.0", "logs")
+    assert not any("give --ruleset" in w for w in group.warnings)
+
+
+def test_a_scaled_score_shows_its_factor_and_gpu_hours_are_measured(sample: Path, tmp_path: Path) -> None:
+    folder = _submission(sample, tmp_path / "scaled")
+    (unscaled,) = build([folder], Options(check=False))
+    (folder / "scaling.json").write_text('{"scaling_factor": 1.25}')
+    (group,) = build([folder], Options(check=False))
+    assert group.olympic_minutes == pytest.approx(unscaled.olympic_minutes * 1.25)
+    assert group.gpu_hours == pytest.approx(unscaled.olympic_minutes * 16 / 60)  # not the scaled score
+    out = io.StringIO()
+    print_tables([group], Console(file=out, width=100), checked=False)
+    row = next(line for line in out.getvalue().splitlines() if "tyche_ngpu16" in line and "RCP" in line)
+    assert f"{group.olympic_minutes:.2f} (x1.25 RCP)" in row
+    assert "tyche_ngpu16_ngc25.09_nemo (Tyche (1x NVIDIA GB200 NVL72))" in row  # the summarizer's name too
+    assert "x1.25 RCP" in render_markdown([group]) and "x1.25 RCP" in plots.time_to_train([group])
+    assert "RCP scaling factor 1.25" in render_html([group], checked=False)
