@@ -32,7 +32,7 @@ case "${1:-}" in
         new=$(comm -13 "$STATE/pip-check" <(pip_problems))
         [[ -z "$new" ]] || fail "new dependency conflicts: $new"
         # Import what a training rank imports, so a missing or broken dependency fails the build, not the job.
-        python -c 'import flux_cluster.train, flux_cluster.training.loop, data_prep, megatron.energon, peft'
+        python -c 'import flux_cluster.jobs.train, flux_cluster.training.loop, flux_cluster.data.loader, megatron.energon, peft'
         flux-cluster --version
         rm -rf "$STATE"
         ;;

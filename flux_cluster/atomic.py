@@ -1,8 +1,10 @@
 """Atomic file writes: a reader sees the old file or the whole new one, never half of it."""
 
+import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def _default_mode() -> int:
@@ -27,3 +29,14 @@ def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def finite_for_json(value: Any) -> Any:
+    """NaN and infinities (a diverged run's loss, say) become null: JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_for_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_for_json(v) for v in value]
+    return value

@@ -3,8 +3,8 @@ imports: the CLI reads these at start-up.
 
 Also the closed-division check of a run's settings (``closed_division_deviations``): a run that breaks
 the rules is labelled non-conforming in its result log (``CONFORMANCE_KEY``), by its job's compliance
-step (``python -m flux_cluster.mlperf_rules check``) and in reports (``run_deviations``,
-``logged_deviations``).
+step (``python -m flux_cluster.mlperf_rules check``) and in reports (``logged_deviations``; a run's
+config: ``flux_cluster.config.workload.run_deviations``).
 """
 
 import argparse
@@ -12,8 +12,9 @@ import json
 import math
 import re
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -95,21 +96,6 @@ def closed_division_deviations(
     return found
 
 
-def run_deviations(job: Mapping[str, Any]) -> list[str]:
-    """The reasons a run is non-conforming, from its config.yaml's ``job`` section ([] when it
-    conforms or is no training run). Loads the run's workload file (configs/benchmarks/)."""
-    training = job.get("training")
-    if not training:
-        return []
-    from flux_cluster.training.workload import load_workload
-
-    workload, _ = load_workload(training["train"]["benchmark"])
-    if workload.kind != "mlperf" or not training.get("mlperf"):
-        return [f"fine-tuning workload {training['train']['benchmark']!r}: no MLPerf result"]
-    found = closed_division_deviations(training["train"], training["mlperf"], workload.batch_presets.keys())
-    return [d.reason for d in found]
-
-
 def conformance_event(deviations: list[Deviation]) -> tuple[str, dict[str, list[str]]]:
     """(value, metadata) of the result log's CONFORMANCE_KEY event."""
     keys = sorted({d.log_key for d in deviations if d.log_key})
@@ -140,6 +126,70 @@ def logged_deviations(result_log: Path) -> list[str] | None:
     return None if conformance is None else conformance["reasons"]
 
 
+TOKEN = b":::MLLOG "
+"""What starts a result-log line the official parser reads (after any prefix on the line)."""
+CHUNK_BYTES = 64 << 10
+MAX_LINE_BYTES = 256 << 10
+"""Longer lines (MLLOG lines are a few hundred bytes) are measured and skipped, never held whole."""
+
+
+def bounded_lines(path: Path) -> Iterator[bytes | int]:
+    """The non-empty lines as the official parser's text mode sees them (LF, CRLF and a lone CR each end
+    one), read CHUNK_BYTES at a time. A line over MAX_LINE_BYTES (a crash's NUL fill, say) comes as its
+    length only: memory stays bounded whatever the file holds."""
+    head: list[bytes] = []  # the start of the line not yet ended, while it is short enough to keep
+    held = 0  # its length (kept or not)
+
+    def ended(tail: bytes) -> bytes | int:
+        nonlocal head, held
+        length, line = held + len(tail), b"".join([*head, tail])
+        head, held = [], 0
+        return line if length <= MAX_LINE_BYTES else length
+
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            parts = chunk.splitlines()  # bytes split at LF, CRLF and CR only, as text mode does
+            tail = b"" if chunk[-1] in b"\r\n" else parts.pop()
+            if not parts:  # no line end in this chunk: the line goes on
+                held += len(tail)
+                head = [*head, tail] if held <= MAX_LINE_BYTES else []
+                continue
+            line = ended(parts[0])
+            if line:
+                yield line
+            yield from filter(None, islice(parts, 1, None))  # whole lines, each < CHUNK_BYTES
+            head, held = [tail], len(tail)
+    line = ended(b"")
+    if line:
+        yield line
+
+
+def read_loglines(path: Path, ruleset: str) -> tuple[list[Any], int, int]:
+    """(the parser's LogLines of the log's :::MLLOG lines, lines it could not parse, MLLOG lines over
+    MAX_LINE_BYTES dropped), streamed: memory holds the parsed lines, never the file."""
+    import importlib
+
+    parser = importlib.import_module(
+        f"mlperf_logging.compliance_checker.mlp_parser.ruleset_{ruleset.replace('.', '')}"
+    )
+    loglines, failed, dropped, lineno = [], 0, 0, 0
+    for line in bounded_lines(path):
+        if isinstance(line, int):  # too long to hold (the harvester skips it too)
+            dropped += 1
+            continue
+        at = line.rfind(TOKEN)
+        if at < 0:
+            continue
+        # what the parser's re.sub(".*:::MLLOG ", ...) leaves, then its strip(), on latin-1 text
+        text = line[at:].decode("latin-1").strip()
+        try:
+            loglines.append(parser.string_to_logline(lineno, text))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            failed += 1
+        lineno += 1
+    return loglines, failed, dropped
+
+
 _AT_LEAST_ONE_FAILED = re.compile(r"^Failed checks for (\w+) :")
 
 
@@ -163,8 +213,6 @@ def compliance_verdict(result_log: Path, ruleset: str, log_output: Path) -> tupl
         checker = mlp_compliance.make_checker("training", ruleset, False, False)
         # the checker's own steps (check_file), on the log streamed as the report reads it: only its
         # :::MLLOG lines, never the parser's quadratic regex over a crash's NUL-filled line
-        from flux_cluster.report.compliance import read_loglines
-
         logging.info("Running compliance on file: %s", result_log)
         loglines, errors, dropped = read_loglines(result_log, ruleset)
         if errors:

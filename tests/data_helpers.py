@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from data_prep.demo_images import write_image_folder  # noqa: F401  (re-exported for tests)
 from flux_cluster.cli import app
+from flux_cluster.data.prep.demo_images import write_image_folder  # noqa: F401  (re-exported for tests)
 
 
 def make_energon_root(base: Path, train: int, val: int, shard_size: int | None = None) -> Path:

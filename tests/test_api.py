@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from flux_cluster import api
 from flux_cluster.cli import app
-from flux_cluster.launch.rundir import exclusive_lock
 from flux_cluster.launch.sweep import LOCK_FILE
-from flux_cluster.launch.sweep_state import SUMMARY_FILE, SWEEP_FILE
+from flux_cluster.sweepdir import SUMMARY_FILE, SWEEP_FILE
+from flux_cluster.rundir import exclusive_lock
 from flux_cluster.training.throughput import TEST_OOM_ENV
 
 GRID = {"train.micro_batch_size": [4, 8]}
@@ -116,3 +116,20 @@ def test_a_sweep_is_read_without_writing_and_run_by_one_process(api_sweep: api.S
         assert lock is not None
         lock.close()
     assert json.loads((folder / SWEEP_FILE).read_text())["points"][1]["status"] == "oom"
+
+
+def test_evaluate_and_requeue_refuse_bad_input_before_anything_runs(workdir: Path) -> None:
+    """api.evaluate checks what the CLI's option parser checks (before torch loads); api.requeue refuses a
+    run that is no Slurm job, in one line naming it."""
+    refused = {
+        "--resolution 17: expected a multiple of 16": {"resolution": 17},
+        "--runs 0: expected at least 1": {"runs": 0},
+        "--set, --dry-run: only with --submit": {"overrides": ["nodes=2"], "dry_run": True},
+        "--submit: name the Slurm system with --system": {"submit": True},
+    }
+    for line, options in refused.items():
+        with pytest.raises(api.FluxClusterError, match="^" + re.escape(line)):
+            api.evaluate(workdir, **options)
+    run = api.submit("local", "throughput", synthetic=True, experiment="api", dry_run=True)
+    with pytest.raises(api.FluxClusterError, match=f"^{re.escape(str(run.run_dir))}: only Slurm runs"):
+        api.requeue(run.run_dir)

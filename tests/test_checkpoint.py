@@ -132,7 +132,7 @@ AGREEMENT = """
 import json, os, sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.fsdp import fully_shard
-from flux_cluster.dist import exit_rank
+from flux_cluster.runtime.dist import exit_rank
 from flux_cluster.training.checkpoint import Checkpointer
 folder = Path(sys.argv[1])
 rendezvous = f"file://{folder.parent / 'rendezvous'}"  # no port to pick
@@ -153,7 +153,7 @@ chosen, skipped = checkpoints.choose()
 print(json.dumps({"rank": rank, "chosen": chosen.name, "skipped": skipped}), flush=True)
 dist.barrier()
 dist.destroy_process_group()
-exit_rank(0)  # as the jobs end: FSDP's process groups outlive destroy_process_group (flux_cluster/dist.py)
+exit_rank(0)  # as the jobs end: FSDP's process groups outlive destroy_process_group (runtime/dist.py)
 """
 
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from flux_cluster.cli import app
-from flux_cluster.launch.rundir import RunRecord, list_runs
+from flux_cluster.rundir import RunRecord, list_runs
 
 BOX_DRAWING = re.compile("[\u2500-\u257f]")
 
@@ -218,8 +218,8 @@ def test_a_data_root_that_does_not_exist_is_an_error_not_filled(cli: CliRunner, 
 
 
 def test_synthetic_data_goes_only_where_it_may(tmp_path: Path) -> None:
-    from data_prep.ensure import MARK_FILE, SPEC_FILE, check_synthetic_root
     from flux_cluster.config.training import SyntheticDataConfig
+    from flux_cluster.data.prep.ensure import MARK_FILE, SPEC_FILE, check_synthetic_root
     from flux_cluster.errors import FluxClusterError
 
     spec = SyntheticDataConfig(train=64, val=16)
@@ -302,14 +302,14 @@ def test_a_data_job_says_what_it_does_on_stdout(
 ) -> None:
     """A convert array task is 'convert task 2 of 2' (not a repeat with a seed), and its progress is job
     output (stdout, like every other job's); stderr stays for errors."""
-    from data_prep.job import main as data_job
-    from data_prep.job import task_title
-    from data_prep.synthetic import synthesize
     from flux_cluster.config import load_system
+    from flux_cluster.data.prep.synthetic import synthesize
+    from flux_cluster.jobs.data import main as data_job
+    from flux_cluster.jobs.data import task_title
     from flux_cluster.launch.data_jobs import data_job_plan
     from flux_cluster.launch.render import render_script
-    from flux_cluster.launch.rundir import create_run_dir
     from flux_cluster.launch.submit import prepare_run_dir
+    from flux_cluster.rundir import create_run_dir
 
     assert task_title("convert", 1, 2) == "convert task 2 of 2" and task_title("index", 0, 1) == "index"
     synthesize(workdir / "src", train=16, val=8, dims="tiny", seed=0)

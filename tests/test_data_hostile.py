@@ -17,9 +17,9 @@ from data_helpers import write_image_folder
 from PIL import Image
 from rich.console import Console
 
-from data_prep.encode import EncodeOptions, Encoding, decode_threads, split_items
-from data_prep.image_folder import MAX_DECODE_BYTES, ImageFolderError, load_image, scan_folder
-from data_prep.progress import StageProgress
+from flux_cluster.data.prep.encode import EncodeOptions, Encoding, decode_threads, split_items
+from flux_cluster.data.prep.image_folder import MAX_DECODE_BYTES, ImageFolderError, load_image, scan_folder
+from flux_cluster.data.prep.progress import StageProgress
 from flux_cluster.errors import FluxClusterError
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -84,7 +84,7 @@ def _png(path: Path, size: int, depth: int, colour: int, bytes_per_pixel: int, r
 PEAK = """
 import resource, sys
 from pathlib import Path
-from data_prep.image_folder import ImageFolderError, load_image
+from flux_cluster.data.prep.image_folder import ImageFolderError, load_image
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     load_image(Path(sys.argv[1]), 512)
@@ -181,8 +181,8 @@ def test_metadata_jsonl_lines_too_deep_or_with_huge_numbers_are_skipped_by_line(
 
 def _fake_pipeline(root: Path) -> Path:
     """The configs a FLUX pipeline folder must hold for the checks and the fingerprint (no weights)."""
-    from data_prep.encoders import ENCODER_PARTS
-    from flux_cluster.training.rectified_flow import LATENT_SCALE, LATENT_SHIFT
+    from flux_cluster.data.prep.encoders import ENCODER_PARTS
+    from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
 
     for part in ENCODER_PARTS:
         (root / part).mkdir(parents=True)
@@ -199,7 +199,7 @@ def _fake_pipeline(root: Path) -> Path:
 def test_a_pipeline_config_too_deep_or_with_a_huge_number_is_one_line(
     tmp_path: Path, file: str, text: str
 ) -> None:
-    from data_prep.encoders import check_pipeline_dir
+    from flux_cluster.data.prep.encoders import check_pipeline_dir
     from flux_cluster.evaluate.clip import _config
     from flux_cluster.evaluate.target import is_pipeline
 
@@ -216,7 +216,7 @@ def test_a_pipeline_config_too_deep_or_with_a_huge_number_is_one_line(
 def test_a_pipeline_config_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
     import os
 
-    from data_prep.encoders import check_pipeline_dir
+    from flux_cluster.data.prep.encoders import check_pipeline_dir
     from flux_cluster.evaluate.target import is_pipeline
 
     pipeline = _fake_pipeline(tmp_path / "flux")
@@ -234,7 +234,7 @@ def test_a_pipeline_config_that_is_a_fifo_is_refused_without_hanging(tmp_path: P
 
 
 def test_a_rerun_over_the_cache_names_every_skipped_image_again(tmp_path: Path) -> None:
-    from data_prep.format import EMPTY_DIR
+    from flux_cluster.data.format import EMPTY_DIR
 
     write_image_folder(root := tmp_path / "images", "captions.txt", 6, size=(16, 16))
     options = _options(root, _fake_pipeline(tmp_path / "flux"), resolution=16, cache=tmp_path / "cache")
@@ -294,10 +294,10 @@ def test_a_finished_stage_shows_its_progress_once_on_a_terminal() -> None:
 def test_data_state_files_nested_too_deeply_are_refused_or_redone_not_a_traceback(tmp_path: Path) -> None:
     """The dataset's own state files are read back from disk too: a deeply nested one is one line (the
     conversion plan, the synthetic marker), or treated as damaged (a shard record: converted again)."""
-    from data_prep.convert import PLAN_FILE, ConversionPlan
-    from data_prep.shards import STATE_DIR, ShardRecord
-    from data_prep.synthetic import MARKER, read_marker
-    from data_prep.verify import ShardCheck, _check_payload
+    from flux_cluster.data.prep.convert import PLAN_FILE, ConversionPlan
+    from flux_cluster.data.prep.shards import STATE_DIR, ShardRecord
+    from flux_cluster.data.prep.synthetic import MARKER, read_marker
+    from flux_cluster.data.prep.verify import ShardCheck, _check_payload
 
     (tmp_path / STATE_DIR / "train").mkdir(parents=True)
     (tmp_path / STATE_DIR / PLAN_FILE).write_text(DEEP)

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from data_prep.format import DIMS, decode_tensor, from_bf16_bits, to_bf16_bits
 from flux_cluster.cli import app
+from flux_cluster.data.format import DIMS, decode_tensor, from_bf16_bits, to_bf16_bits
 
 FLUX = [sys.executable, "-m", "flux_cluster"]
 
@@ -434,6 +434,25 @@ def test_stage_and_launcher_mistakes_are_one_line_errors(synthetic: Path, cli: C
     assert code == 2 and "no Energon root; pass --output" in output
 
 
+def test_the_api_plans_prepare_data_and_keeps_submit_options_to_a_submitted_encode(
+    synthetic: Path, tmp_path: Path
+) -> None:
+    from flux_cluster import api
+    from flux_cluster.errors import FluxClusterError
+
+    root = tmp_path / "root"
+    done = api.prepare_data("local", "convert", source=synthetic, output=root, dry_run=True, workers=3)
+    assert done.jobs == [] and done.ok and not root.exists()
+    assert done.planned == [
+        f"convert: source {synthetic.absolute()} -> output {root.absolute()}, 3 worker(s), shard size 10000"
+    ]
+    images = tmp_path / "images"
+    with pytest.raises(FluxClusterError, match=r"^system, runs_dir: only with submit=True \(a local encode"):
+        api.encode(images, tmp_path / "out", tmp_path / "model", system="local", runs_dir=tmp_path)
+    with pytest.raises(FluxClusterError, match="inside the image folder"):
+        api.encode(images, images / "out", tmp_path / "model")
+
+
 def test_submit_dry_run_prints_chained_scripts(workdir: Path, cli: CliRunner) -> None:
     code, output = run_cli(
         cli,
@@ -519,7 +538,7 @@ def index_files(root: Path) -> dict[str, object]:
 
 
 def _index_when_told(root: str, source: str, go: Any, workers: int) -> None:
-    from data_prep.index import index
+    from flux_cluster.data.prep.index import index
 
     go.wait()
     try:
@@ -568,7 +587,7 @@ def test_a_full_disk_during_index_is_one_line_and_a_rerun_redoes_it(
     """Energon's sqlite, or a worker's .tar.idx, hits the full disk (which one depends on the space left)."""
     from data_helpers import fill_disk, small_disk
 
-    from data_prep.index import is_indexed
+    from flux_cluster.data.prep.index import is_indexed
 
     with small_disk(tmp_path / "disk") as disk:
         root = converted_copy(energon_root, disk / "root")

@@ -11,7 +11,7 @@ import atexit, sys
 from pathlib import Path
 import torch
 from torch.distributed.fsdp import fully_shard
-from flux_cluster.dist import exit_rank, init_distributed
+from flux_cluster.runtime.dist import exit_rank, init_distributed
 from flux_cluster.jobs.model_check import own_mesh
 
 info = init_distributed("gloo")

@@ -10,7 +10,7 @@ from data_helpers import write_image_folder
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
-from flux_cluster.launch.rundir import list_runs
+from flux_cluster.rundir import list_runs
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_dry_run_renders_an_encode_array_and_a_finish_job_with_the_options_in_a_
     """Relative paths become absolute; the options reach the jobs in encode.json, not in the script; a
     GPU per encode task where the system requests GPUs; in a container the image folder and the model
     are mounted read-only at their own paths, the cache read-write, OUT as the data root."""
-    from data_prep.job import read_encode_options
+    from flux_cluster.data.prep.job_options import read_encode_options
 
     args = encode_args(Path("images"), Path("out"), tiny_pipeline, "--cache", "cache", "--batch-size", "3")
     result = cli.invoke(app, [*args, "--submit", "--system", system, "--tasks", "3", "--dry-run"])
@@ -120,7 +120,7 @@ def test_an_encode_job_refuses_a_bad_options_file_in_one_line(
 ) -> None:
     """The job reads its options from encode.json beside its config: a damaged file is one line on
     stderr naming the file and the key, exit code 2, before any model is loaded."""
-    from data_prep.job import main as data_job
+    from flux_cluster.jobs.data import main as data_job
 
     args = encode_args(images, workdir / "out", tiny_pipeline, "--cache", "cache")
     assert cli.invoke(app, [*args, "--submit", "--system", "local_slurm", "--dry-run"]).exit_code == 0

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.evaluate import ARGS_FILE
+from flux_cluster.evaluate import OPTIONS_FILE
 from flux_cluster.evaluate.clip import ClipScorer, clip_mount, find_clip
 from flux_cluster.evaluate.latency import measure_latency, percentile
 from flux_cluster.training import model as M
@@ -310,7 +310,7 @@ def run_dir(tiny_pipeline: Path, lora: Path, tmp_path_factory: pytest.TempPathFa
     from data_helpers import make_energon_root
 
     from flux_cluster.config import load_system
-    from flux_cluster.launch.rundir import write_run_config
+    from flux_cluster.rundir import write_run_config
 
     base = tmp_path_factory.mktemp("evalrun")
     data = make_energon_root(base / "data", train=4, val=8)
@@ -328,7 +328,7 @@ def run_dir(tiny_pipeline: Path, lora: Path, tmp_path_factory: pytest.TempPathFa
 def test_evaluate_a_run_writes_the_contract_and_the_grid_via_its_slurm_job(
     cli: CliRunner, workdir: Path, run_dir: Path, tiny_pipeline: Path
 ) -> None:
-    from flux_cluster.evaluate import job
+    from flux_cluster.jobs import evaluate as job
 
     prompts = workdir / "prompts.txt"
     prompts.write_text("# two prompts\na red fox in snow\n\na lighthouse at night\n")
@@ -337,14 +337,15 @@ def test_evaluate_a_run_writes_the_contract_and_the_grid_via_its_slurm_job(
     assert result.exit_code == 0, result.output
     (job_dir,) = (workdir / "runs" / "evaluate").iterdir()
     script = (job_dir / "job.sh").read_text()
-    assert "-m flux_cluster.evaluate.job --config" in script and "#SBATCH --ntasks-per-node=1" in script
-    assert str(prompts) not in script and "lighthouse" not in script  # the arguments are in a file
-    sent = json.loads((job_dir / ARGS_FILE).read_text())["args"]
-    assert sent[0] == str(run_dir) and sent[sent.index("--prompts") + 1] == str(prompts)
-    assert sent[sent.index("--model") + 1] == str(tiny_pipeline)  # the run's train.pretrained_path
+    assert "-m flux_cluster.jobs.evaluate --config" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert str(prompts) not in script and "lighthouse" not in script  # the options are in a file
+    sent = json.loads((job_dir / OPTIONS_FILE).read_text())["options"]
+    assert sent["target"] == str(run_dir) and sent["prompts"] == str(prompts)
+    assert sent["model"] == str(tiny_pipeline)  # the run's train.pretrained_path
+    assert (sent["runs"], sent["system"], sent["output"]) == (2, "local_slurm", None)
     assert not (run_dir / "results" / "eval_0.json").exists()  # a dry run evaluates nothing
 
-    # The job's module runs the same command from that file (here, without Slurm).
+    # The job's module runs the evaluation library with those options (here, without Slurm).
     assert job.main(["--config", str(job_dir / "config.yaml")]) == 0
     document = json.loads((run_dir / "results" / "eval_0.json").read_text())
     assert set(document) == CONTRACT
@@ -618,6 +619,33 @@ def test_evaluates_default_output_is_under_the_runs_folder(workdir: Path, tiny_p
     from flux_cluster.evaluate.run import output_paths
     from flux_cluster.evaluate.target import resolve_target
 
-    json_path, grid = output_paths(resolve_target(tiny_pipeline, 0), None)
-    assert json_path.parent.parent == (workdir / "runs" / "evaluate").absolute()
+    json_path, grid = output_paths(resolve_target(tiny_pipeline, 0), None, Path("elsewhere"))
+    assert json_path.parent.parent == (workdir / "elsewhere" / "evaluate").absolute()  # the caller's root
     assert json_path.parent.name.endswith(f"-{tiny_pipeline.name}") and grid.name == "eval_grid.png"
+
+
+def test_the_evaluate_jobs_options_round_trip_and_a_bad_file_is_one_line(tmp_path: Path) -> None:
+    """The job reads the options evaluate --submit wrote (no command line); a damaged file names itself
+    and the key."""
+    from flux_cluster.evaluate.options import EvalOptions, options_to_json
+    from flux_cluster.jobs.evaluate import read_options
+
+    options = EvalOptions(target=tmp_path / "run", prompts=tmp_path / "p.txt", guidance=3.5, steps=4)
+    path = tmp_path / OPTIONS_FILE
+    path.write_text(json.dumps({"options": options_to_json(options)}))
+    assert read_options(path) == options
+    for bad, expected in (
+        ({"runs": 0}, "--runs 0: expected at least 1"),
+        ({"runs": "2"}, "options: runs: got '2', expected an integer"),
+        ({"model": 7}, "options: model: got 7, expected a path"),
+        ({"resolution": 100}, "--resolution 100: expected a multiple of 16"),
+        ({"args": ["x"]}, "options: unknown key 'args'"),
+    ):
+        path.write_text(json.dumps({"options": {**options_to_json(options), **bad}}))
+        with pytest.raises(FluxClusterError) as info:
+            read_options(path)
+        line = str(info.value)
+        assert line.startswith(f"{path}: options") and expected in line and "\n" not in line
+    path.write_text('{"options": ["x"]}')
+    with pytest.raises(FluxClusterError, match="got list, expected an object of evaluate's options"):
+        read_options(path)

@@ -19,12 +19,12 @@ from data_helpers import write_image_folder
 from test_train import finish, prepared_run, start_ranks
 from typer.testing import CliRunner
 
-from data_prep.encode import SUMMARY_FILE
-from data_prep.format import decode_tensor, from_bf16_bits
-from data_prep.loader import val_loader
-from data_prep.source import open_source
 from flux_cluster.cli import app
-from flux_cluster.launch.rundir import list_runs
+from flux_cluster.data.format import decode_tensor, from_bf16_bits
+from flux_cluster.data.loader import val_loader
+from flux_cluster.data.prep.encode import SUMMARY_FILE
+from flux_cluster.data.prep.source import open_source
+from flux_cluster.rundir import list_runs
 from flux_cluster.training import model as M
 from flux_cluster.training.checkpoint import STATE_FILE
 from flux_cluster.training.rectified_flow import validation_loss
@@ -82,8 +82,8 @@ def test_encode_writes_the_training_schema_skips_bad_images_and_reuses_its_cache
     assert any("broken.png" in line for line in summary["skipped"])
     assert any("uncaptioned.png" in line for line in summary["skipped"])
     # The samples are what the pipeline's own encoders give for that image and caption.
-    from data_prep.encoders import FluxEncoders
-    from data_prep.image_folder import load_image, to_pixels
+    from flux_cluster.data.prep.encoders import FluxEncoders
+    from flux_cluster.data.prep.image_folder import load_image, to_pixels
 
     batch = next(iter(val_loader(encoded["data"], batch_size=1, rank=0, world_size=1)))
     encoders = FluxEncoders.load(tiny_pipeline, torch.device("cpu"), max_sequence_length=TOKENS)
@@ -130,7 +130,7 @@ def test_an_image_added_to_the_folder_re_encodes_only_the_chunk_it_falls_in(
 
     from rich.console import Console
 
-    from data_prep.encode import MAX_CHUNK_FACTOR, EncodeOptions, Encoding
+    from flux_cluster.data.prep.encode import MAX_CHUNK_FACTOR, EncodeOptions, Encoding
 
     images = workdir / "grow"
     write_image_folder(images, "captions.txt", 20)
@@ -374,7 +374,7 @@ def test_full_fine_tuning_stopped_by_sigusr1_resumes_and_keeps_the_best_weights(
 
 
 def test_a_resume_counts_the_time_a_killed_attempt_spent_past_its_checkpoint(tmp_path: Path) -> None:
-    from flux_cluster.training.loop import RunClock
+    from flux_cluster.training.metrics import RunClock
 
     checkpoint = RunClock(train_seconds=50.0, timed_seconds=40.0, timed_steps=10, peak_memory_gb=3.0)
     metrics = tmp_path / "metrics_0.jsonl"
@@ -403,8 +403,8 @@ def test_the_schedule_evaluates_every_epoch_and_every_n_steps_and_ends_after_the
     tmp_path: Path,
 ) -> None:
     from flux_cluster.config import load_system
-    from flux_cluster.training.loop import Schedule
-    from flux_cluster.training.workload import TrainingPlan, resolve_training
+    from flux_cluster.config.workload import TrainingPlan, resolve_training
+    from flux_cluster.training.context import Schedule
 
     def plan(*sets: str) -> "TrainingPlan":
         return resolve_training(load_system("dgx_h100x8", list(sets)).config)
@@ -464,8 +464,8 @@ def test_encode_with_its_only_val_image_broken_skips_it_by_name_and_a_relative_c
 ) -> None:
     """The image drawn for val is decoded at the split: a broken one is skipped, named, and the next
     drawn takes its place (a broken file never empties val, nor aborts fine-tuning later)."""
-    from data_prep.encode import EncodeOptions, split_items
-    from data_prep.image_folder import scan_folder
+    from flux_cluster.data.prep.encode import EncodeOptions, split_items
+    from flux_cluster.data.prep.image_folder import scan_folder
 
     write_image_folder(images := workdir / "few", "captions.txt", 4)
     options = EncodeOptions(images=images, output=workdir / "out", model=tiny_pipeline, val_fraction=0.01)

@@ -2,10 +2,10 @@
 
 import pytest
 
+from flux_cluster.config.workload import ModelShape
 from flux_cluster.training.flops import (
     FLUX_SCHNELL,
     NVIDIA_TFLOP_PER_SAMPLE,
-    ModelShape,
     forward_macs,
     training_flops_per_sample,
 )

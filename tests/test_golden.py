@@ -147,7 +147,7 @@ def test_data_convert_job_is_an_array_with_writable_mounts() -> None:
         "#SBATCH --dependency=afterok:1000",
         "#SBATCH --cpus-per-task=8",
         "#SBATCH --no-requeue",
-        '-m data_prep.job --config "$_fc_config" --stage convert',
+        '-m flux_cluster.jobs.data --config "$_fc_config" --stage convert',
         "/lustre/mlperf/flux1/energon:/data,/lustre/mlperf/flux1/download:/source,",
     ):
         assert needle in text, needle

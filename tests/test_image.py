@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from flux_cluster import __version__
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
+from flux_cluster.config.image_names import default_image, pyxis_reference, sqsh_name
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.image import lock
 from flux_cluster.image.build import (
@@ -29,7 +30,6 @@ from flux_cluster.image.build import (
     resolve_sqsh,
     run_plan,
 )
-from flux_cluster.image.names import default_image, pyxis_reference, sqsh_name
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "runtime.lock"
@@ -168,7 +168,7 @@ def test_dockerignore_admits_only_what_the_install_needs() -> None:
     admitted = {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}
     for path in admitted:
         assert (ROOT / path).exists(), f".dockerignore admits {path}, which does not exist"
-    for needed in ("pyproject.toml", "README.md", "flux_cluster", "data_prep", "configs", "slurm/templates"):
+    for needed in ("pyproject.toml", "README.md", "flux_cluster", "configs", "slurm/templates"):
         assert needed in admitted  # the wheel build reads all of these
     assert not admitted & {".git", ".venv", "tests", "runs"}
 

@@ -16,8 +16,8 @@ import pytest
 from podman_builds import CANARY, TESTBASE
 
 from flux_cluster import __version__
+from flux_cluster.config.image_names import image_name
 from flux_cluster.image.build import git_revision
-from flux_cluster.image.names import image_name
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = image_name("amd")
@@ -96,7 +96,7 @@ def test_the_image_keeps_the_base_torch_and_has_exactly_the_locked_packages(
     assert lines[0] == "2.13.0+cpu /opt/venv/lib/python3.11/site-packages/torch/__init__.py"  # the base's
     assert "lock-ok" in lines and "systems-ok" in lines and f"flux-cluster {__version__}" in lines
     workdir = set(lines[lines.index("systems-ok") + 1 :])
-    assert {"flux_cluster", "data_prep", "configs", "pyproject.toml"} <= workdir
+    assert {"flux_cluster", "configs", "pyproject.toml"} <= workdir
     assert not workdir & {".git", ".venv", "tests", "runs", "benchmarks"}
 
 

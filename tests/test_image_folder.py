@@ -1,5 +1,5 @@
-"""Reading a user's folder of captioned images (data_prep.image_folder): the three layouts, the items that
-cannot be used, and the pixels of each image. Small generated images, all in process."""
+"""Reading a user's folder of captioned images (flux_cluster.data.prep.image_folder): the three layouts, the
+items that cannot be used, and the pixels of each image. Small generated images, all in process."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 from data_helpers import write_image_folder
 from PIL import Image
 
-from data_prep.image_folder import ImageFolderError, load_image, scan_folder, to_pixels
+from flux_cluster.data.prep.image_folder import ImageFolderError, load_image, scan_folder, to_pixels
 
 RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
 
@@ -350,10 +350,10 @@ def test_demo_images_refuse_an_unknown_layout_before_writing(tmp_path: Path) -> 
 
 
 def test_the_val_split_is_round_fraction_of_the_images_with_the_smallest_name_hashes(tmp_path: Path) -> None:
-    """data encode's split (data_prep.encode.split_items): exactly round(fraction x images), halves up, at
-    least one and never every image; chosen by name, so the same images stay in val as the folder changes
-    around them; the val timesteps 0..7 in turn."""
-    from data_prep.encode import EncodeOptions, split_items
+    """data encode's split (flux_cluster.data.prep.encode.split_items): exactly round(fraction x images),
+    halves up, at least one and never every image; chosen by name, so the same images stay in val as the
+    folder changes around them; the val timesteps 0..7 in turn."""
+    from flux_cluster.data.prep.encode import EncodeOptions, split_items
 
     write_image_folder(tmp_path / "images", "captions.txt", 41, size=(8, 8))
     records = scan_folder(tmp_path / "images").records

@@ -483,7 +483,7 @@ def slurm_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _slurm_run(root: Path, job_ids: list[Any]) -> Path:
     import json
 
-    from flux_cluster.launch.rundir import write_run_config
+    from flux_cluster.rundir import write_run_config
 
     run_dir = root / "runs" / "train" / "20260101-000000-local_slurm"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def test_a_failing_comm_test_stops_serial_repeats(tmp_path: Path, bin_dir: Path)
     assert code != 0, output
     assert "the all_reduce test failed" in output
     assert not list((case / "run" / "state").glob("exp_*.done"))
-    assert not any("flux_cluster.train" in " ".join(c["argv"]) for c in stand_ins.calls(case))
+    assert not any("flux_cluster.jobs.train" in " ".join(c["argv"]) for c in stand_ins.calls(case))
 
 
 def test_a_failing_training_step_fails_the_array_task(tmp_path: Path, bin_dir: Path) -> None:
@@ -39,11 +39,11 @@ def test_a_failing_training_step_fails_the_array_task(tmp_path: Path, bin_dir: P
     case = case_dir(tmp_path, "array")
     script = stand_ins.render_case(config, case)
     code, output = stand_ins.run(
-        script, bin_dir, rules=[{"match": "flux_cluster.train", "exit": 3}], array_task="2"
+        script, bin_dir, rules=[{"match": "flux_cluster.jobs.train", "exit": 3}], array_task="2"
     )
     assert code == 3 and "experiment 2 ended without reaching the quality target (exit code 3)" in output
     code, output = stand_ins.run(
-        script, bin_dir, rules=[{"match": "flux_cluster.train", "exit": 1}], array_task="2"
+        script, bin_dir, rules=[{"match": "flux_cluster.jobs.train", "exit": 1}], array_task="2"
     )
     assert code == 1 and "experiment 2 failed with exit code 1" in output
     ok, _ = stand_ins.run(script, bin_dir, array_task="2")
@@ -56,7 +56,7 @@ def test_requeue_marker_makes_the_script_requeue(tmp_path: Path, bin_dir: Path, 
     case = case_dir(tmp_path, "requeue")
     script = stand_ins.render_case(config, case)
     marker = case / "run" / "state" / "requeue-42"
-    rules = [{"match": "flux_cluster.train", "touch": str(marker)}]  # what rank 0 does after a checkpoint
+    rules = [{"match": "flux_cluster.jobs.train", "touch": str(marker)}]  # rank 0, after a checkpoint
     if not requeue_works:
         rules.insert(0, {"match": "scontrol requeue", "exit": 1})
     code, output = stand_ins.run(script, bin_dir, rules=rules)
@@ -64,7 +64,7 @@ def test_requeue_marker_makes_the_script_requeue(tmp_path: Path, bin_dir: Path, 
     assert requeues == [["scontrol", "requeue", "42"]]
     assert not marker.exists(), "the marker is consumed, so the restarted job does not requeue again"
     assert not (case / "run" / "state" / "exp_0.done").exists()
-    trains = [c for c in stand_ins.calls(case) if "flux_cluster.train" in " ".join(c["argv"])]
+    trains = [c for c in stand_ins.calls(case) if "flux_cluster.jobs.train" in " ".join(c["argv"])]
     assert len(trains) == 1, "no further repeat starts in an allocation that is being requeued"
     if requeue_works:
         assert code == 0
@@ -91,7 +91,7 @@ def test_a_rank_killed_by_a_signal_requeues_the_job_up_to_max_requeues(
     count = case / "run" / "state" / "crash_requeues"
     count.parent.mkdir(parents=True, exist_ok=True)
     count.write_text(f"{crashes}\n")
-    rule: dict[str, object] = {"match": "flux_cluster.train", "exit": train_exit}
+    rule: dict[str, object] = {"match": "flux_cluster.jobs.train", "exit": train_exit}
     if marker:
         rule["touch"] = str(case / "run" / "state" / "requeue-42")
     code, output = stand_ins.run(script, bin_dir, rules=[rule])
@@ -117,9 +117,9 @@ def test_docker_relays_the_batch_signal_into_the_containers(tmp_path: Path, bin_
     ).config
     case = case_dir(tmp_path, "relay")
     script = stand_ins.render_case(config, case)
-    process = stand_ins.start(script, bin_dir, rules=[{"match": "flux_cluster.train", "sleep": 4}])
+    process = stand_ins.start(script, bin_dir, rules=[{"match": "flux_cluster.jobs.train", "sleep": 4}])
     deadline = time.monotonic() + 20
-    while not any("flux_cluster.train" in " ".join(c["argv"]) for c in stand_ins.calls(case)):
+    while not any("flux_cluster.jobs.train" in " ".join(c["argv"]) for c in stand_ins.calls(case)):
         assert time.monotonic() < deadline, "the training step never started"
         time.sleep(0.1)
     process.send_signal(signal.SIGUSR1)  # what Slurm does with --signal=B:USR1@lead

@@ -11,8 +11,8 @@ import pytest
 import torch
 from data_helpers import make_energon_root, run_two_ranks
 
-from data_prep.format import DIMS, decode_tensor
-from data_prep.loader import load_empty_encodings, train_loader, val_loader
+from flux_cluster.data.format import DIMS, decode_tensor
+from flux_cluster.data.loader import load_empty_encodings, train_loader, val_loader
 from flux_cluster.training.checkpoint import to_plain
 
 HELPER = Path(__file__).parent / "helpers" / "load_ranks.py"
@@ -89,8 +89,8 @@ def test_restored_loader_continues_in_a_fresh_process(root: Path, tmp_path: Path
     torch.save(to_plain(loader.save_state_rank()), tmp_path / "state.pt")
     expected = [next(iterator) for _ in range(6)]
     code = (
-        "import json, sys, torch; from pathlib import Path; from data_prep.format import DIMS; "
-        "from data_prep.loader import train_loader; "
+        "import json, sys, torch; from pathlib import Path; from flux_cluster.data.format import DIMS; "
+        "from flux_cluster.data.loader import train_loader; "
         "from flux_cluster.training.checkpoint import from_plain; "
         "loader = train_loader(Path(sys.argv[1]), batch_size=4, rank=0, world_size=1, seed=5, "
         "cfg_dropout=0.5, dims=DIMS['tiny']); "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
-from flux_cluster.launch.rundir import RunRecord, list_runs, read_run_config
+from flux_cluster.rundir import RunRecord, list_runs, read_run_config
 
 # What every GPU system runs by default, on the CPU: bf16 compute with every block checkpointed.
 GPU_DEFAULTS = ("--set", "train.param_dtype=bfloat16", "--set", "train.activation_checkpointing=full")
@@ -133,7 +133,7 @@ def test_cancel_stops_every_process_of_a_local_run(cli: CliRunner, workdir: Path
 HOLDER = """
 import sys, time
 from pathlib import Path
-from flux_cluster.launch.rundir import lock_repeat
+from flux_cluster.rundir import lock_repeat
 lock = lock_repeat(Path(sys.argv[1]), 0)
 print("locked", flush=True)
 time.sleep(120)
@@ -149,7 +149,7 @@ def prepared_local_run(cli: CliRunner, workdir: Path) -> Path:
 
 def test_a_second_attempt_of_a_repeat_is_refused_while_the_first_runs(cli: CliRunner, workdir: Path) -> None:
     from flux_cluster.errors import FluxClusterError
-    from flux_cluster.launch.rundir import lock_repeat
+    from flux_cluster.rundir import lock_repeat
 
     run_dir = prepared_local_run(cli, workdir)
     RunRecord(launcher="local", job_ids=[], submitted_at=time.time(), pid=None, exit_code=75).save(run_dir)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from flux_cluster.config.workload import load_workload
 from flux_cluster.training.memory import (
     WRAPPINGS,
     block_kept_bytes,
@@ -14,7 +15,6 @@ from flux_cluster.training.memory import (
     model_kept_bytes,
 )
 from flux_cluster.training.model import build_model, parameter_count
-from flux_cluster.training.workload import load_workload
 
 MODELS = load_workload("flux1")[0].models
 TINY, SCHNELL = MODELS["tiny"], MODELS["flux-schnell"]

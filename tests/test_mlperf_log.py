@@ -6,6 +6,7 @@ import pytest
 from checker import compliance_check
 
 from flux_cluster.config import load_system
+from flux_cluster.config.workload import load_workload, resolve_training, run_deviations
 from flux_cluster.mlperf_rules import (
     RULESETS,
     Deviation,
@@ -13,11 +14,9 @@ from flux_cluster.mlperf_rules import (
     closed_division_deviations,
     compliance_verdict,
     logged_deviations,
-    run_deviations,
 )
 from flux_cluster.mlperf_rules import main as compliance_step
 from flux_cluster.training.mlperf_log import MlperfLog, RunFacts, evaluation_frequency
-from flux_cluster.training.workload import load_workload, resolve_training
 
 
 def write_run(

@@ -8,9 +8,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from flux_cluster.config.workload import ModelArgs, load_workload
 from flux_cluster.training import model as M
 from flux_cluster.training.flops import FLUX_SCHNELL, NVIDIA_TFLOP_PER_SAMPLE, training_flops_per_sample
-from flux_cluster.training.workload import ModelArgs, load_workload
 
 WORKLOAD, _ = load_workload("flux1")
 TINY = WORKLOAD.models["tiny"]

@@ -1,5 +1,6 @@
 """The tiny random-init FLUX pipeline (flux_cluster/models/tiny.py) loaded by diffusers itself, and the
-FLUX encoders that read a pipeline folder (data_prep/encoders.py). All in-process, on one shared folder."""
+FLUX encoders that read a pipeline folder (flux_cluster/data/prep/encoders.py). All in-process, on one shared
+folder."""
 
 import json
 import logging
@@ -17,11 +18,11 @@ from diffusers import FluxPipeline
 from test_cli import error_line
 from typer.testing import CliRunner
 
-from data_prep.encoders import ENCODER_PARTS, FluxEncoders, model_fingerprint
 from flux_cluster.cli import app
+from flux_cluster.config.workload import ModelArgs, load_workload
+from flux_cluster.data.prep.encoders import ENCODER_PARTS, FluxEncoders, model_fingerprint
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.models.tiny import write_tiny_pipeline
-from flux_cluster.training.workload import ModelArgs, load_workload
 
 CAPTIONS = ["a red cube on a table", "", "Ünïcode, digits 123 and a much longer caption than the others"]
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from flux_cluster.config.workload import load_workload
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.training import model as M
 from flux_cluster.training.optimizers import build_optimizer
-from flux_cluster.training.workload import load_workload
 
 # One 2-rank run for all three optimizers: a toy of uneven shapes, so shards differ in size, one is
 # empty, and the 4550-element weight (8-bit state in bitsandbytes) has shards under its 4096 minimum.
@@ -24,7 +24,7 @@ import json, sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from flux_cluster.dist import exit_rank
+from flux_cluster.runtime.dist import exit_rank
 from flux_cluster.training.checkpoint import Checkpointer
 from flux_cluster.training.optimizers import PRODIGY, build_optimizer
 
@@ -103,7 +103,7 @@ for name in ("adamw", "adamw8bit", "prodigy"):
     report[name] = result
 (folder / f"rank{rank}.json").write_text(json.dumps(report))
 dist.destroy_process_group()
-exit_rank(0)  # as the jobs end: FSDP's process groups outlive destroy_process_group (flux_cluster/dist.py)
+exit_rank(0)  # as the jobs end: FSDP's process groups outlive destroy_process_group (runtime/dist.py)
 """
 
 

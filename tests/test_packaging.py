@@ -22,6 +22,10 @@ def test_wheel_ships_templates_and_systems_and_renders(tmp_path: Path) -> None:
     assert "flux_cluster/_data/templates/sbatch.sh.j2" in names
     assert "flux_cluster/_data/configs/systems/dgx_h100x8.yaml" in names
     assert "flux_cluster/report/templates/report.html.j2" in names  # the HTML report's page
+    # Data preparation is inside the package: no second top-level package.
+    assert {"flux_cluster/data/loader.py", "flux_cluster/data/prep/convert.py"} <= set(names)
+    tops = {name.split("/")[0] for name in names if "/" in name and ".dist-info/" not in name}
+    assert tops == {"flux_cluster"}
     target = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

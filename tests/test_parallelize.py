@@ -15,10 +15,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.attention import SDPBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flux_cluster.config.workload import load_workload
 from flux_cluster.training import model as M
 from flux_cluster.training.attention import allowed_backends, attention_backend, probe_backend
 from flux_cluster.training.parallelize import checkpointed, make_mesh, parallelize, transformer_blocks
-from flux_cluster.training.workload import load_workload
 
 TINY = load_workload("flux1")[0].models["tiny"]
 CPU = torch.device("cpu")

@@ -264,8 +264,9 @@ def _scene(home: Path) -> None:
     (root,) = [p for p in home.iterdir() if p.is_dir() and p.name.startswith("mlperf")]
     root.rename(home / "training_results_v5.1")
     (home / "one-prompt.txt").write_text("a red fox in the snow\n")
-    from flux_cluster.launch.sweep import SweepRequest, create_sweep
-    from flux_cluster.launch.sweep_state import SweepState
+    from flux_cluster.launch.sweep import create_sweep
+    from flux_cluster.launch.sweep_plan import SweepRequest
+    from flux_cluster.sweepdir import SweepState
 
     request = SweepRequest("local", {"train.micro_batch_size": ["1", "2"]}, synthetic=True, name=SWEEP_NAME)
     folder, state = create_sweep(request)

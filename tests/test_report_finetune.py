@@ -14,9 +14,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
+from flux_cluster.mlperf_rules import MAX_LINE_BYTES
 from flux_cluster.report.build import Options, build
 from flux_cluster.report.formats import print_tables, render_csv, render_json, render_markdown
-from flux_cluster.report.harvest import MAX_LINE_BYTES
 from flux_cluster.report.html import render_html
 from flux_cluster.report.scoring import GroupResult
 

@@ -14,17 +14,16 @@ from typer.testing import CliRunner
 
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.launch.sweep_state import SUMMARY_FILE, SWEEP_FILE, Point, SweepState
+from flux_cluster.launch.sweep_status import sweep_report, view
 from flux_cluster.report import sweep
 from flux_cluster.report.sweep import (
     MICRO_BATCH_TITLE,
     SCALING_TITLE,
     build_report,
-    load_for_report,
     micro_batch_plot,
     scaling_plot,
-    sweep_report,
 )
+from flux_cluster.sweepdir import SUMMARY_FILE, SWEEP_FILE, Point, SweepState
 
 MBS = "train.micro_batch_size"
 COMPILE = "train.compile"
@@ -278,7 +277,7 @@ def test_the_report_reads_a_running_point_as_it_stands_and_writes_nothing(
     state.save(mbs_sweep)
     files = {name: (mbs_sweep / name).read_bytes() for name in (SWEEP_FILE, SUMMARY_FILE)}
 
-    assert load_for_report(mbs_sweep).points[6].status == "ok"
+    assert view(mbs_sweep).points[6].status == "ok"
     found = sweep_report(mbs_sweep)
     assert found.rows[0]["point"] == 6 and found.rows[0]["samples_per_s"] == 500.0  # now the fastest
     for fmt in ("json", "csv", "table"):

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from flux_cluster.jobs.signals import INTERRUPTED_EXIT_CODE, finish_interrupted, relay
+from flux_cluster.runtime.exit_codes import INTERRUPTED_EXIT_CODE
+from flux_cluster.runtime.signals import finish_interrupted, relay
 
 RANK = """
 import sys, time
-from flux_cluster.jobs.signals import StopRequest
+from flux_cluster.runtime.signals import StopRequest
 stop = StopRequest().install()
 print("ready", flush=True)
 deadline = time.monotonic() + 20
@@ -68,8 +69,8 @@ def test_loader_workers_outlive_the_signals_slurm_sends_to_every_process(tmp_pat
     SIGTERM, and the checkpoint that signal asks for (it fetches the workers' loader state) would fail."""
     from data_helpers import make_energon_root
 
-    from data_prep.format import DIMS
-    from data_prep.loader import train_loader
+    from flux_cluster.data.format import DIMS
+    from flux_cluster.data.loader import train_loader
 
     root = make_energon_root(tmp_path, 24, 8)
     loader = train_loader(root, batch_size=2, rank=0, world_size=1, seed=1, num_workers=1, dims=DIMS["tiny"])
@@ -95,7 +96,7 @@ def test_loader_workers_outlive_the_signals_slurm_sends_to_every_process(tmp_pat
 # A rank as torchrun starts it: in its own session, so killing torchrun's process group misses it.
 TORCHRUN_RANK = """
 import time
-from flux_cluster.jobs.signals import die_with_parent, under_torchrun
+from flux_cluster.runtime.signals import die_with_parent, under_torchrun
 if under_torchrun():
     die_with_parent()
 print("rank up", flush=True)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from flux_cluster.cli import app
 from flux_cluster.launch import slurm
-from flux_cluster.launch.rundir import RunRecord, list_runs
+from flux_cluster.rundir import RunRecord, list_runs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -325,7 +325,7 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
             parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        ours = b"flux_cluster.train" in cmdline and str(run_dir).encode() in b" ".join(cmdline)
+        ours = b"flux_cluster.jobs.train" in cmdline and str(run_dir).encode() in b" ".join(cmdline)
         if ours and b"SLURM_PROCID" in environ:
             found[int(proc.name)] = (int(environ[b"SLURM_PROCID"]), parent)
     return {rank: pid for pid, (rank, parent) in found.items() if parent not in found}

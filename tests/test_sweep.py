@@ -20,17 +20,9 @@ from flux_cluster import api
 from flux_cluster.cli import app
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.launch import slurm
-from flux_cluster.launch.sweep import (
-    ONE_STEP_NOTE,
-    SweepRequest,
-    create_sweep,
-    parse_grid,
-    plan_sweep,
-    print_plan,
-    run_sweep,
-    start_sweep,
-)
-from flux_cluster.launch.sweep_state import SUMMARY_FILE, SWEEP_FILE, SweepState
+from flux_cluster.launch.sweep import create_sweep, run_sweep, start_sweep
+from flux_cluster.launch.sweep_plan import ONE_STEP_NOTE, SweepRequest, parse_grid, plan_sweep, print_plan
+from flux_cluster.sweepdir import SUMMARY_FILE, SWEEP_FILE, SweepState
 from flux_cluster.training.throughput import OOM_EXIT_CODE, TEST_OOM_ENV
 
 QUICK = ("--synthetic", "--warmup-steps", "1", "--steps", "2")
@@ -330,9 +322,9 @@ def test_a_train_point_records_its_node_count(tmp_path: Path) -> None:
     import tarfile
 
     from flux_cluster.config import load_system
-    from flux_cluster.launch.rundir import RunRecord, write_run_config
-    from flux_cluster.launch.sweep import view
-    from flux_cluster.launch.sweep_state import Point
+    from flux_cluster.sweepdir import Point
+    from flux_cluster.launch.sweep_status import view
+    from flux_cluster.rundir import RunRecord, write_run_config
 
     archive = Path(__file__).parent / "data" / "mlperf_v51_sample.tar.xz"
     run_dir = tmp_path / "sweep" / "20260101-000000-p000"
@@ -359,7 +351,7 @@ def _finished_sweep(folder: Path, grid: dict[str, list[str]], speeds: dict[int, 
     """A sweep folder as a finished sweep leaves it: speeds maps a point to samples/s, or to its status."""
     from itertools import product
 
-    from flux_cluster.launch.sweep_state import Point
+    from flux_cluster.sweepdir import Point
 
     points = []
     for i, combo in enumerate(product(*grid.values())):
@@ -445,7 +437,7 @@ def test_arrays_wait_only_as_far_as_max_parallel_needs() -> None:
     """Four arrays of 3 points under --max-parallel 8: two run side by side, each later one waits for the
     oldest still in the window; an array wider than the window (its own %N) waits for all before it;
     no window, no waiting."""
-    from flux_cluster.launch.sweep import make_room
+    from flux_cluster.launch.sweep_arrays import make_room
 
     in_slurm: list[tuple[str, int]] = []
     waits = []
@@ -512,6 +504,11 @@ def test_sweep_dry_run_prints_the_plan_and_writes_nothing(workdir: Path) -> None
     assert result.exit_code == 0, result.output
     assert "micro_batch_size x ranks" in result.output and "nothing submitted" in result.output
     assert "1024" in result.output
+    assert not (workdir / "runs").exists()
+    plan = api.plan_sweep(  # the same plan from Python, with the grid as a mapping
+        "dgx_h100x8", {"train.micro_batch_size": [4, 32], "nodes": [1, 4]}, synthetic=True, submit=True
+    )
+    assert plan.slurm and plan.ranks == [8, 32, 8, 32] and plan.global_batch == [32, 128, 256, 1024]
     assert not (workdir / "runs").exists()
 
 

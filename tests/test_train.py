@@ -17,11 +17,11 @@ import pytest
 from checker import compliance_check
 from typer.testing import CliRunner
 
-from data_prep.ensure import default_root, ensure_synthetic_root
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
-from flux_cluster.launch.rundir import list_runs
+from flux_cluster.data.prep.ensure import default_root, ensure_synthetic_root
 from flux_cluster.mlperf_rules import RULESETS
+from flux_cluster.rundir import list_runs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -98,7 +98,7 @@ def prepared_run(cli: CliRunner, *sets: str) -> Path:
 def start_ranks(run_dir: Path, **env: str) -> subprocess.Popen[str]:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     return subprocess.Popen(
-        [*launcher, "-m", "flux_cluster.train", "--config", str(run_dir / "config.yaml")],
+        [*launcher, "-m", "flux_cluster.jobs.train", "--config", str(run_dir / "config.yaml")],
         env={**os.environ, "OMP_NUM_THREADS": "1", "FLUX_RUN_DIR": str(run_dir), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -7,9 +7,9 @@ from typer.testing import CliRunner
 
 from flux_cluster.cli import app
 from flux_cluster.config import load_system
+from flux_cluster.config.workload import TrainingPlan, resolve_training
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.launch.rundir import list_runs, read_run_config
-from flux_cluster.training.workload import TrainingPlan, resolve_training
+from flux_cluster.rundir import list_runs, read_run_config
 
 
 def plan_for(system: str, *sets: str) -> TrainingPlan:
@@ -97,8 +97,8 @@ def test_missing_inputs_are_refused_at_submit(cli: CliRunner, workdir: Path) -> 
 def test_a_prepared_dataset_is_never_overwritten_by_synthetic_data(workdir: Path) -> None:
     from rich.console import Console
 
-    from data_prep.ensure import READY_FILE, ensure_synthetic_root
     from flux_cluster.config.training import SyntheticDataConfig
+    from flux_cluster.data.prep.ensure import READY_FILE, ensure_synthetic_root
 
     root = workdir / "real"
     (root / READY_FILE).parent.mkdir(parents=True)

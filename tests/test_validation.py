@@ -7,9 +7,10 @@ import pytest
 import torch
 from data_helpers import make_energon_root, run_two_ranks
 
-from data_prep.format import DIMS
-from data_prep.loader import val_loader
-from flux_cluster.training.rectified_flow import LATENT_SCALE, LATENT_SHIFT, key_generator, validation_loss
+from flux_cluster.data.format import DIMS
+from flux_cluster.data.loader import val_loader
+from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
+from flux_cluster.training.rectified_flow import key_generator, validation_loss
 
 HELPER = Path(__file__).parent / "helpers" / "val_ranks.py"
 

@@ -2,7 +2,9 @@
 # The README's two commands:
 #   tools/dev.sh run    set up, then run the main job on the embedded default (--system local)
 #   tools/dev.sh test   set up (Python deps; as root the Debian packages below and Slurm's), then run all tests
-# Also: tools/dev.sh setup (set-up only), tools/dev.sh lint, tools/dev.sh lock (re-resolve requirements/runtime.lock).
+# Also: tools/dev.sh unit (the fast half: tests/unit, no Slurm, podman or multi-rank runs),
+#       tools/dev.sh setup (set-up only), tools/dev.sh lint (ruff, import contracts),
+#       tools/dev.sh lock (re-resolve requirements/runtime.lock).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -71,6 +73,14 @@ case "$cmd" in
         setup_python
         "$VENV/bin/ruff" check "$ROOT"
         "$VENV/bin/ruff" format --check "$ROOT"
+        # The floors of the README's package map (pyproject.toml [tool.importlinter]).
+        (cd "$ROOT" && "$VENV/bin/lint-imports" --no-cache --no-logo)
+        ;;
+    unit)
+        # Python dependencies only: the unit tests need no Debian package and no Slurm.
+        setup_python
+        cd "$ROOT"
+        exec "$VENV/bin/python" -m pytest tests/unit "$@"
         ;;
     test)
         setup_python
@@ -81,7 +91,7 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     *)
-        sed -n '2,6p' "${BASH_SOURCE[0]}" >&2
+        sed -n '2,7p' "${BASH_SOURCE[0]}" >&2
         exit 2
         ;;
 esac

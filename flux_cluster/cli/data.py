@@ -1,7 +1,5 @@
 """flux-cluster prepare-data, and the 'data' group (synth, info)."""
 
-import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,7 +10,9 @@ from flux_cluster.cli.options import RunsDirOption, SetOption, SystemOption
 from flux_cluster.errors import FluxClusterError
 
 if TYPE_CHECKING:
-    from flux_cluster.config.schema import SystemConfig
+    from rich.console import Console
+
+    from flux_cluster.data.prep.encode import EncodeSummary
     from flux_cluster.launch.data_jobs import StageJob
 
 app = Typer(help="Synthetic data and dataset inspection.", no_args_is_help=True)
@@ -62,122 +62,39 @@ def prepare_data(
     runs_dir: RunsDirOption = None,
 ) -> None:
     """Turn the MLCommons preprocessed cc12m/coco data into the Energon webdataset training reads."""
-    from flux_cluster.config import load_system
-    from flux_cluster.jobs import DATA_STAGES
+    from flux_cluster import api
 
-    stages = _stages(stage, has_input=source is not None)
-    sets: list[str | tuple[str, str]] = list(overrides or [])
-    for value, key, flag in (
-        (source, "paths.source_root", "--input"),
-        (output, "paths.data_root", "--output"),
-        (tasks, "data_prep.tasks", "--tasks"),
-        (workers, "data_prep.workers", "--workers"),
-        (shard_size, "data_prep.shard_size", "--shard-size"),
-    ):
-        if value is not None:
-            shown = value.absolute() if isinstance(value, Path) else value
-            sets.append((f"{key}={shown}", flag))
-    resolved = load_system(system, sets)
-    explicit_size = resolved.source_of("data_prep.shard_size") != "default"
-    config = _settle_shard_size(resolved.config, explicit_size)
-    assert set(stages) <= set(DATA_STAGES)
-    paths = config.paths
-    if (
-        paths.source_root
-        and paths.data_root
-        and Path(paths.source_root).resolve() == Path(paths.data_root).resolve()
-    ):
-        raise FluxClusterError(f"--input and --output are the same folder ({paths.source_root}); use two")
-    if "convert" in stages and "download" not in stages and not dry_run:
-        _check_input(config)  # here, before anything runs or is submitted: bad input is a one-line error
+    done = api.prepare_data(
+        system,
+        stage,
+        source=source,
+        output=output,
+        submit=submit,
+        dry_run=dry_run,
+        tasks=tasks,
+        workers=workers,
+        shard_size=shard_size,
+        overrides=overrides or [],
+        runs_dir=runs_dir,
+        console=cli_console(stderr=True),
+    )
     if submit:
-        from flux_cluster.launch.data_jobs import submit_stages
-
-        started = submit_stages(config, stages, runs_dir, dry_run)
-        raise typer.Exit(_print_stages(started, f"prepare-data on {config.name}", dry_run, wait))
-    # Here, a local system uses every core unless told otherwise; a cluster system its configured workers.
-    local_workers = (
-        workers or (os.cpu_count() or 1) if config.launcher == "local" else config.data_prep.workers
-    )
-    raise typer.Exit(_run_here(config, stages, local_workers, dry_run))
-
-
-def _settle_shard_size(config: "SystemConfig", explicit: bool) -> "SystemConfig":
-    """Without an explicit shard size, continue an earlier conversion with the size it recorded."""
-    from data_prep.convert import ConversionPlan
-
-    if explicit or not config.paths.data_root:
-        return config
-    recorded = ConversionPlan.load(Path(config.paths.data_root))
-    if recorded is None or recorded.shard_size == config.data_prep.shard_size:
-        return config
-    prep = config.data_prep.model_copy(update={"shard_size": recorded.shard_size})
-    return config.model_copy(update={"data_prep": prep})
-
-
-def _check_input(config: "SystemConfig") -> None:
-    from data_prep.convert import ConversionPlan, check_compatible, make_plan
-    from data_prep.source import SourceError
-    from data_prep.stages import StagePaths
-
-    source = StagePaths(Path(config.paths.source_root) if config.paths.source_root else None, None)
-    try:
-        plan = make_plan(source.need_source("convert"), config.data_prep.shard_size)
-    except SourceError as exc:
-        raise FluxClusterError(str(exc)) from None
-    if config.paths.data_root:
-        output = Path(config.paths.data_root)
-        check_compatible(output, ConversionPlan.load(output), plan)
-
-
-def _stages(stage: str, has_input: bool) -> list[str]:
-    from flux_cluster.jobs import DATA_STAGES
-
-    if stage == "all":
-        return [s for s in DATA_STAGES if not (has_input and s == "download")]
-    if stage not in DATA_STAGES:
-        raise FluxClusterError(f"--stage {stage!r}: expected one of {', '.join(DATA_STAGES)} or all")
-    if stage == "download" and has_input:
-        raise FluxClusterError(
-            "--stage download with --input: the input is already there, nothing to download"
-        )
-    return [stage]
-
-
-def _run_here(config: "SystemConfig", stages: list[str], workers: int, dry_run: bool) -> int:
-    from data_prep.stages import StagePaths, run_stage
-
-    paths = StagePaths(
-        Path(config.paths.source_root) if config.paths.source_root else None,
-        Path(config.paths.data_root) if config.paths.data_root else None,
-    )
-    console = cli_console(stderr=True)
-    if dry_run:
-        for stage in stages:
-            typer.echo(
-                f"{stage}: source {paths.source or '-'} -> output {paths.output or '-'}, "
-                f"{workers} worker(s), "
-                f"shard size {config.data_prep.shard_size}"
-            )
-        return 0
-    for stage in stages:
-        started = time.monotonic()
-        console.rule(f"[bold]{stage}")
-        ok = run_stage(stage, paths, workers=workers, shard_size=config.data_prep.shard_size, console=console)  # type: ignore[arg-type]
-        console.print(f"{stage}: {'done' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s")
-        if not ok:
-            return 1
-    return 0
+        raise typer.Exit(_print_stages(done.jobs, done.title, dry_run, wait))
+    for line in done.planned:
+        typer.echo(line)
+    raise typer.Exit(0 if done.ok else 1)
 
 
 def _print_stages(started: "list[StageJob]", title: str, dry_run: bool, wait: bool) -> int:
     """A dry run: each stage's script, in order; else the jobs as a table, and with --wait their ends."""
     from rich.table import Table
 
+    from flux_cluster.rundir import script_file
+
     if dry_run:
         for job in started:
             after = "" if job is started[0] else " --dependency=afterok:<job id of the stage before>"
-            typer.echo(f"# ---- stage {job.stage}: sbatch{after} {job.launched.run_dir / 'job.sh'}")
+            typer.echo(f"# ---- stage {job.stage}: sbatch{after} {script_file(job.launched.run_dir)}")
             typer.echo(job.launched.script, nl=False)
         return 0
     console = cli_console(stderr=True)
@@ -213,7 +130,7 @@ def synth(
     force: Annotated[bool, typer.Option("--force", help="Replace synthetic data already in OUT.")] = False,
 ) -> None:
     """Write synthetic data in the MLCommons preprocessed schema, learnable by a small model."""
-    from data_prep.synthetic import synthesize
+    from flux_cluster.data.prep.synthetic import synthesize
 
     if source_format not in ("arrow", "parquet"):
         raise FluxClusterError(f"--format {source_format!r}: expected arrow or parquet")
@@ -230,7 +147,7 @@ def info(
     ] = 0,
 ) -> None:
     """Shards, samples, bytes and splits of a dataset, and whether it is indexed for Energon."""
-    from data_prep.info import describe, load_check
+    from flux_cluster.data.prep.info import describe, load_check
 
     console = cli_console()
     describe(root, console)
@@ -302,37 +219,38 @@ def encode(
     runs_dir: RunsDirOption = None,
 ) -> None:
     """Encode a folder of captioned images once (FLUX VAE, CLIP, T5) into an Energon root for fine-tuning."""
-    from data_prep.encode import EncodeOptions, encode_folder
+    from flux_cluster import api
+    from flux_cluster.data.prep.commands import only_with_submit
 
-    if out.resolve() == images.resolve() or out.resolve().is_relative_to(images.resolve()):
-        raise FluxClusterError(f"OUT {out}: inside the image folder {images}; write the dataset elsewhere")
-    options = EncodeOptions(
-        images=images,
-        output=out,
-        model=model,
+    if not submit:
+        submit_only = {"--system": system, "--tasks": tasks, "--set": overrides, "--runs-dir": runs_dir}
+        only_with_submit(submit_only | {"--wait": wait or None, "--dry-run": dry_run or None}, "--submit")
+    console = cli_console(stderr=True)
+    done = api.encode(
+        images,
+        out,
+        model,
         resolution=resolution,
         val_fraction=val_fraction,
         max_sequence_length=max_sequence_length,
-        strict=strict,
         batch_size=batch_size,
+        strict=strict,
         cache=cache,
+        submit=submit,
+        system=system,
+        tasks=tasks,
+        dry_run=dry_run,
+        overrides=overrides,
+        runs_dir=runs_dir,
+        console=console,
     )
     if submit:
-        sets: list[str | tuple[str, str]] = list(overrides or [])
-        if tasks is not None:
-            sets.append((f"data_prep.tasks={tasks}", "--tasks"))
-        from flux_cluster.launch.data_jobs import submit_encode
+        raise typer.Exit(_print_stages(done.jobs, done.title, dry_run, wait))
+    assert done.summary is not None
+    _print_encoded(console, done.summary, out, model)
 
-        started = submit_encode(options, system or "local", sets, runs_dir, dry_run, cli_console(stderr=True))
-        title = f"data encode on {started[0].launched.plan.system.name}"
-        raise typer.Exit(_print_stages(started, title, dry_run, wait))
-    submit_only = {"--system": system, "--tasks": tasks, "--set": overrides, "--runs-dir": runs_dir}
-    submit_only |= {"--wait": wait or None, "--dry-run": dry_run or None}
-    given = [flag for flag, value in submit_only.items() if value is not None]
-    if given:
-        raise FluxClusterError(f"{', '.join(given)}: only with --submit (a local encode runs here, now)")
-    console = cli_console(stderr=True)
-    summary = encode_folder(options, console, workers=min(4, os.cpu_count() or 1))
+
+def _print_encoded(console: "Console", summary: "EncodeSummary", out: Path, model: Path) -> None:
     console.print(
         f"encoded {summary.samples['train']:,} train and {summary.samples['val']:,} val images "
         f"({summary.layout}, {summary.resolution}px, {len(summary.skipped)} skipped) into {out}",
@@ -354,7 +272,7 @@ def demo_images(
     ] = "metadata.json",
 ) -> None:
     """Write a small folder of generated, captioned images: something to try `data encode` on."""
-    from data_prep.demo_images import write_image_folder
+    from flux_cluster.data.prep.demo_images import write_image_folder
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FluxClusterError(f"{out}: exists and is not an empty folder; choose a new one")

@@ -107,7 +107,7 @@ def report(
 
     Exit codes: 0 reported, 1 no result logs found, 2 bad input.
     """
-    from flux_cluster.launch.rundir import runs_root
+    from flux_cluster.rundir import runs_root
 
     if output is not None and output.is_dir():
         raise FluxClusterError(f"--output {output}: is a directory; give a file name")

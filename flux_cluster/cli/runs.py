@@ -15,7 +15,7 @@ from flux_cluster.errors import FluxClusterError
 LINE_LIMIT = 1024 * 1024
 
 if TYPE_CHECKING:
-    from flux_cluster.launch.rundir import RunRecord
+    from flux_cluster.rundir import RunRecord
 
 app = Typer(help="List and manage runs (run directories and their Slurm jobs).", no_args_is_help=True)
 
@@ -38,7 +38,7 @@ def list_runs(runs_dir: RunsDirOption = None) -> None:
     import yaml
     from rich.table import Table
 
-    from flux_cluster.launch.rundir import RunRecord, list_runs, read_run_config, runs_root
+    from flux_cluster.rundir import RunRecord, config_file, list_runs, read_run_config, runs_root
     from flux_cluster.safe_text import plain
 
     root = runs_root(runs_dir)
@@ -49,7 +49,7 @@ def list_runs(runs_dir: RunsDirOption = None) -> None:
     for run_dir in list_runs(root):
         name = plain(f"{run_dir.parent.name}/{run_dir.name}")
         try:
-            system, job = read_run_config(run_dir / "config.yaml")
+            system, job = read_run_config(config_file(run_dir))
             record = RunRecord.load(run_dir)
             if record is None:
                 ids, state, started = "-", "not started", "-"
@@ -113,8 +113,10 @@ def status(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
 def _local_system(run_dir: Path) -> bool:
     import yaml
 
+    from flux_cluster.rundir import config_file
+
     try:
-        return yaml.safe_load((run_dir / "config.yaml").read_text())["system"]["launcher"] == "local"
+        return yaml.safe_load(config_file(run_dir).read_text())["system"]["launcher"] == "local"
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         return False
 
@@ -136,12 +138,13 @@ def logs(
     """Print a run's job output (all repeats, or one with --task). An array run's lines start with
     their task id ('[task 3] ...'). Logs are streamed: any size prints in flat memory."""
     from flux_cluster.launch import slurm
+    from flux_cluster.rundir import slurm_dir
 
     run_dir, record = _load(run, runs_dir)
     if record.launcher == "dry-run":  # no job, so no output and no end to wait for
         raise FluxClusterError(
             f"{run_dir}: never submitted (prepared with --dry-run): no job output to show or follow; "
-            f"a job.sh submitted by hand writes its output to {run_dir / 'slurm'}/"
+            f"a job.sh submitted by hand writes its output to {slurm_dir(run_dir)}/"
         )
     from flux_cluster.launch.track import copy_log, log_files
 
@@ -184,7 +187,7 @@ def logs(
             return
         time.sleep(1.0)
         if record.launcher == "local":
-            from flux_cluster.launch.rundir import RunRecord
+            from flux_cluster.rundir import RunRecord
 
             record = RunRecord.load(run_dir) or record
 
@@ -200,10 +203,6 @@ def cancel(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
 @app.command("requeue")
 def requeue(run: RunArgument = None, runs_dir: RunsDirOption = None) -> None:
     """Requeue every job of a run (scontrol requeue); it resumes from its last checkpoint."""
-    run_dir, record = _load(run, runs_dir)
-    if record.launcher != "slurm":
-        raise FluxClusterError(f"{run_dir}: only Slurm runs can be requeued")
-    from flux_cluster.launch import slurm
+    from flux_cluster import api
 
-    slurm.requeue(record.job_ids)
-    typer.echo(f"requeued {', '.join(record.job_ids)}")
+    typer.echo(f"requeued {', '.join(api.requeue(run, runs_dir))}")

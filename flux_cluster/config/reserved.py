@@ -102,7 +102,7 @@ GLIBC_VARIABLES = frozenset(
 """Variables glibc reads in every program: they load code or data from a path, or change resolving."""
 
 RANK_VARIABLES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
-"""torch.distributed's rendezvous variables, set per rank from Slurm's (flux_cluster/dist.py)."""
+"""torch.distributed's rendezvous variables, set per rank from Slurm's (flux_cluster/runtime/dist.py)."""
 
 RUN_SUB_SETTINGS = {
     "NEXP": "--nexp (mlperf.nexp)",

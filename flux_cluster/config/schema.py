@@ -17,9 +17,9 @@ from pydantic import (
     model_validator,
 )
 
+from flux_cluster.config.image_names import REGISTRY, default_image, is_file_image
 from flux_cluster.config.reserved import env_name_problem
 from flux_cluster.config.training import TrainConfig
-from flux_cluster.image.names import REGISTRY, default_image, is_file_image
 from flux_cluster.mlperf_rules import Ruleset
 
 # Pydantic matches these patterns with Rust's regex, where '$' is the end of the text only (a trailing

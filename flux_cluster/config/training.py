@@ -2,7 +2,7 @@
 
 Every field left at None takes its value from the workload file (``configs/benchmarks/<benchmark>.yaml``):
 the learning rate and warmup from the preset of the global batch size, the eval interval from MLPerf's
-262,144 samples. ``flux_cluster.training.workload`` resolves the section into a concrete plan at submit
+262,144 samples. ``flux_cluster.config.workload`` resolves the section into a concrete plan at submit
 time, and that plan is what the ranks read.
 """
 
@@ -15,7 +15,7 @@ AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 Precision = Literal["bf16", "fp8"]
 FP8_STATUS = (
     "train.precision fp8 is experimental: 1.16x bf16's samples/s with full checkpointing and 1.10x with "
-    "'ops' on one H100 (compiled, micro-batch 32, 2026-11-27; 0.94-1.01x on one H200 before), short of "
+    "'ops' on one H100, 1.14x with 'ops' on one H200 (compiled, micro-batch 32, 2026-11-27), short of "
     "the 1.25x it aims at"
 )
 """What 'systems show' and docs/benchmarks.md say of fp8 until a GPU measures it at 1.25x bf16 or more."""

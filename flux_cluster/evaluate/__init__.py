@@ -7,8 +7,9 @@ SCHEMA = 1
 KIND = "flux-cluster-eval"
 DEFAULT_RUNS = 12
 """Timed generations per prompt (--runs), for each model: 96 with the 8 built-in prompts, enough for a p99."""
-ARGS_FILE = "evaluate.json"
-"""In an evaluate job's run directory: the command line the job runs, every path absolute."""
+OPTIONS_FILE = "evaluate.json"
+"""In an evaluate job's run directory: the options the job evaluates with ({"options": ...}, every path
+absolute; flux_cluster/evaluate/options.py)."""
 
 
 def grid_name(json_name: str) -> str:

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
 from flux_cluster.console import cli_console
 from flux_cluster.errors import FluxClusterError, write_error
-from flux_cluster.evaluate import DEFAULT_RUNS, KIND, SCHEMA, first_line, grid_name
+from flux_cluster.evaluate import KIND, SCHEMA, first_line, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
 from flux_cluster.evaluate.grid import grid_png, images_dir, save_images
 from flux_cluster.evaluate.latency import ImageProgress, Latency, measure_latency
+from flux_cluster.evaluate.options import EvalOptions
 from flux_cluster.evaluate.target import Target, is_pipeline, resolve_target
 
 if TYPE_CHECKING:
@@ -39,25 +40,6 @@ DEFAULT_PROMPTS = (
 )
 MEANINGFUL_PARAMETERS = 1_000_000_000
 """Below this the transformer is a toy (the tiny or small preset), not a FLUX.1 model."""
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    target: Path
-    model: Path | None = None
-    prompts: Path | None = None
-    runs: int = DEFAULT_RUNS
-    """Timed generations per prompt, for each model."""
-    warmup: int = 2
-    steps: int | None = None
-    guidance: float | None = None
-    resolution: int = 512
-    max_sequence_length: int | None = None
-    clip: Path | None = None
-    exp: int = 0
-    output: Path | None = None
-    seed: int = 0
-    system: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,12 +127,13 @@ def pipeline_folder(target: Target, model: Path | None) -> Path:
     return chosen
 
 
-def evaluate(options: EvalOptions, log: Callable[[str], None] = print) -> EvalResult:
+def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] = print) -> EvalResult:
+    """runs_root: the runs folder, where an evaluation outside a run writes without --output."""
     target = resolve_target(options.target, options.exp)
     pipeline = pipeline_folder(target, options.model)
     prompts = read_prompts(options.prompts)
     clip_folder = find_clip(pipeline, options.clip)
-    json_path, grid_path = output_paths(target, options.output)  # checked before the slow part
+    json_path, grid_path = output_paths(target, options.output, runs_root)  # checked before the slow part
 
     import torch
 
@@ -303,7 +286,7 @@ def _val_loss(
     transformer: "torch.nn.Module", target: Target, device: "torch.device", dtype: "torch.dtype"
 ) -> float:
     """The MLPerf validation loss on the run's val split, as the fine-tuning run computed it."""
-    from data_prep.loader import val_loader
+    from flux_cluster.data.loader import val_loader
     from flux_cluster.training.model import predict_velocity
     from flux_cluster.training.rectified_flow import validation_loss
 
@@ -427,7 +410,7 @@ def _check_lora_fits(transformer: "torch.nn.Module", weights: Path, pipeline: Pa
             )
 
 
-def output_paths(target: Target, output: Path | None) -> tuple[Path, Path]:
+def output_paths(target: Target, output: Path | None, runs_root: Path) -> tuple[Path, Path]:
     """A run's results/eval_<k>.json (k fixed when written), else --output (default
     runs/evaluate/<time>-<target name>/eval.json, never the working folder); the grid beside it."""
     if target.run_dir is not None:
@@ -435,20 +418,21 @@ def output_paths(target: Target, output: Path | None) -> tuple[Path, Path]:
             raise FluxClusterError(
                 f"--output: TARGET {target.path} is a run directory, whose results/ gets eval_<k>.json"
             )
-        json_path = target.run_dir / "results" / "eval_{k}.json"
+        from flux_cluster.rundir import eval_file
+
+        json_path = eval_file(target.run_dir, "{k}")
     else:
-        json_path = (output or default_output(target)).absolute()
+        json_path = (output or default_output(target, runs_root)).absolute()
         if json_path.suffix != ".json" or json_path.is_dir():
             raise FluxClusterError(f"--output {output}: expected a file name ending in .json")
     return json_path, json_path.with_name(grid_name(json_path.name))
 
 
-def default_output(target: Target) -> Path:
-    """runs/evaluate/<time>-<target name>/eval.json ($FLUX_CLUSTER_RUNS moves runs/)."""
-    from flux_cluster.launch.rundir import runs_root
-
+def default_output(target: Target, runs_root: Path) -> Path:
+    """RUNS_ROOT/evaluate/<time>-<target name>/eval.json (the caller's runs folder: runs/, or
+    $FLUX_CLUSTER_RUNS)."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.path.absolute().name.removesuffix(".safetensors"))
-    return runs_root(None) / "evaluate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name or 'model'}" / "eval.json"
+    return runs_root / "evaluate" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name or 'model'}" / "eval.json"
 
 
 def _write(
@@ -514,6 +498,6 @@ def _replace_folder(staged: Path, final: Path) -> None:
 
 def _dumps(document: dict[str, Any]) -> str:
     """Strict JSON: a figure that is not finite (a diverged model's NaN loss) is written as null."""
-    from flux_cluster.report.formats import finite_for_json
+    from flux_cluster.atomic import finite_for_json
 
     return json.dumps(finite_for_json(document), indent=1, allow_nan=False) + "\n"

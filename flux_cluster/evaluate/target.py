@@ -62,7 +62,7 @@ def weights_in(folder: Path) -> tuple[Path, WeightsKind] | None:
 
 
 def resolve_target(path: Path, exp: int) -> Target:
-    from flux_cluster.launch.rundir import CONFIG_FILE
+    from flux_cluster.rundir import config_file
 
     expected = (
         "expected a run directory (config.yaml, results/best_<i>/), LoRA weights (.safetensors file or its "
@@ -74,7 +74,7 @@ def resolve_target(path: Path, exp: int) -> Target:
         if path.suffix != ".safetensors":
             raise FluxClusterError(f"TARGET {path}: not a .safetensors file: {expected}")
         return Target(path, None, path, "lora", None)
-    if (path / CONFIG_FILE).is_file():
+    if config_file(path).is_file():
         return _run_target(path, exp)
     if is_pipeline(path):
         return Target(path, None, None, None, path)
@@ -85,19 +85,19 @@ def resolve_target(path: Path, exp: int) -> Target:
 
 
 def _run_target(run_dir: Path, exp: int) -> Target:
-    from flux_cluster.launch.rundir import CONFIG_FILE, read_run_config
+    from flux_cluster.rundir import best_dir, config_file, read_run_config
 
     try:
-        system, _job = read_run_config(run_dir / CONFIG_FILE)
+        system, _job = read_run_config(config_file(run_dir))
     except (KeyError, TypeError, ValueError) as exc:  # another version's or a hand-edited config.yaml
         raise FluxClusterError(
-            f"{run_dir / CONFIG_FILE}: not a flux-cluster run config ({first_line(exc)})"
+            f"{config_file(run_dir)}: not a flux-cluster run config ({first_line(exc)})"
         ) from None
-    best = run_dir / "results" / f"best_{exp}"
+    best = best_dir(run_dir, exp)
     found = weights_in(best) if best.is_dir() else None
     if found is None:
         raise FluxClusterError(
-            f"{run_dir}: no fine-tuned weights in results/best_{exp}/ (expected {LORA_FILE} or a "
+            f"{run_dir}: no fine-tuned weights in {best.relative_to(run_dir)}/ (expected {LORA_FILE} or a "
             "transformer folder, written at a fine-tuning run's first evaluation; --exp picks a repeat)"
         )
     pretrained = system.train.pretrained_path

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from flux_cluster.config.image_names import IMAGE_REFERENCE, REGISTRY, image_name, revision_name, sqsh_name
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.image.names import IMAGE_REFERENCE, REGISTRY, image_name, revision_name, sqsh_name
 
 BUILDERS = ("docker", "podman")
 _ENROOT_SOURCE = {"docker": "dockerd", "podman": "podman"}  # enroot import URI schemes for a local image

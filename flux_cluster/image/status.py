@@ -9,8 +9,8 @@ from datetime import datetime
 from pathlib import Path
 
 from flux_cluster import __version__
+from flux_cluster.config.image_names import is_file_image
 from flux_cluster.config.schema import ContainerConfig
-from flux_cluster.image.names import is_file_image
 
 
 @dataclass(frozen=True)

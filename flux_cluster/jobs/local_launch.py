@@ -9,8 +9,8 @@ import logging
 import signal
 import sys
 
-from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
-from flux_cluster.jobs.signals import die_with_parent
+from flux_cluster.runtime.exit_codes import NOT_CONVERGED_EXIT_CODE
+from flux_cluster.runtime.signals import die_with_parent
 
 
 def outcome_line(exit_codes: dict[int, int], first_rank: int) -> tuple[str | None, int]:

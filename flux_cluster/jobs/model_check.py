@@ -17,14 +17,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
-from data_prep.format import DIMS, Dims
+from flux_cluster.config.workload import ModelArgs, TrainingPlan
+from flux_cluster.data.format import DIMS, Dims
 from flux_cluster.training.attention import attention_backend, probe_backend
 from flux_cluster.training.flops import training_flops_per_sample
 from flux_cluster.training.memory import resolve_checkpointing
 from flux_cluster.training.model import build_model, predict_velocity
 from flux_cluster.training.parallelize import parallelize
 from flux_cluster.training.peak import measure_gemm_peak, synchronize
-from flux_cluster.training.workload import ModelArgs, TrainingPlan
 
 
 def data_dims(args: ModelArgs) -> Dims:

@@ -2,7 +2,7 @@
 the data and log roots, and a few training steps of one block of the system's model with its own train
 settings on every GPU (flux_cluster/jobs/model_check.py), with the GPU's measured bf16 GEMM peak.
 ``--soak-seconds`` keeps the interconnect busy and reports stability; it saves its progress on SIGUSR1
-and asks the job script to requeue it (flux_cluster/jobs/signals.py).
+and asks the job script to requeue it (flux_cluster/runtime/signals.py).
 
 Launched by ``flux-cluster preflight`` (and with ``--comm-only`` before training when comm_test is on).
 """
@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from flux_cluster.atomic import write_atomic
-from flux_cluster.dist import DistInfo, exit_rank, init_distributed
-from flux_cluster.jobs.signals import StopRequest, finish_interrupted
-from flux_cluster.launch.rundir import read_run_config
+from flux_cluster.rundir import preflight_file, read_run_config, soak_state_file
+from flux_cluster.runtime.dist import DistInfo, exit_rank, init_distributed
+from flux_cluster.runtime.signals import StopRequest, finish_interrupted
 
 
 def accelerator_report() -> dict[str, Any]:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     soak_stats: dict[str, Any] | None = None
     if args.soak_seconds > 0:
-        state_file = run_dir / "state" / f"preflight_soak_{exp}.json"
+        state_file = soak_state_file(run_dir, exp)
         soak_stats, interrupted = soak(info, sizes[-1], args.soak_seconds, state_file, stop)
         if interrupted:
             if info.rank == 0:
@@ -279,15 +279,15 @@ def main(argv: list[str] | None = None) -> int:
                 "soak": soak_stats,
                 "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             }
-            write_atomic(run_dir / "results" / f"preflight_{exp}.json", json.dumps(result, indent=2) + "\n")
+            write_atomic(preflight_file(run_dir, exp), json.dumps(result, indent=2) + "\n")
     dist.destroy_process_group()
     return 0 if not failures else 1
 
 
 def _model_check(system: Any, info: DistInfo) -> dict[str, Any]:
+    from flux_cluster.config.workload import resolve_training
     from flux_cluster.errors import FluxClusterError
     from flux_cluster.jobs.model_check import own_mesh, run_model_check
-    from flux_cluster.training.workload import resolve_training
 
     mesh = own_mesh(info.device)  # collective: before anything that can fail on one rank only
     try:

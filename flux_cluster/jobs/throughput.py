@@ -11,9 +11,9 @@ import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from flux_cluster.dist import exit_rank  # noqa: E402
-from flux_cluster.launch.rundir import read_run_config  # noqa: E402
-from flux_cluster.training.workload import TrainingPlan  # noqa: E402
+from flux_cluster.config.workload import TrainingPlan  # noqa: E402
+from flux_cluster.rundir import read_run_config  # noqa: E402
+from flux_cluster.runtime.dist import exit_rank  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

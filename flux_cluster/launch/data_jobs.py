@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flux_cluster.config.schema import SystemConfig
-from flux_cluster.jobs import data_job
-from flux_cluster.launch.plan import JobPlan
+from flux_cluster.launch.plan import JobPlan, data_job
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from data_prep.encode import EncodeOptions
+    from flux_cluster.data.prep.encode import EncodeOptions
     from flux_cluster.launch.submit import Launched
 
 ARRAY_STAGES = ("convert", "encode")
@@ -97,8 +96,8 @@ def submit_stages(
     """Each stage a job in its own run directory under <runs>/<command>, chained by afterok (a dry run has
     no job ids to chain: its scripts are submitted in order by hand); prepare writes what a stage's job
     reads beside its config, before it is submitted."""
-    from flux_cluster.launch.rundir import create_run_dir, runs_root
     from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
+    from flux_cluster.rundir import create_run_dir, runs_root
 
     require_slurm(config)
     root = runs_root(runs_dir, config).absolute()
@@ -135,12 +134,12 @@ def submit_encode(
     submitted, and the options reach the jobs as a file in their run directories, never in the script."""
     import dataclasses
 
-    from data_prep.encode import Encoding
-    from data_prep.job import write_encode_options
     from flux_cluster.config import load_system
-    from flux_cluster.jobs import ENCODE_STAGES
-    from flux_cluster.launch.rundir import runs_root
+    from flux_cluster.data.prep.encode import Encoding
+    from flux_cluster.data.prep.job_options import write_encode_options
+    from flux_cluster.data.prep.stages import ENCODE_STAGES
     from flux_cluster.launch.submit import check_slurm_path, require_slurm
+    from flux_cluster.rundir import runs_root
 
     # Absolute, and the cache fixed here: the compute nodes (or a container) have another $HOME.
     options = dataclasses.replace(

@@ -1,17 +1,21 @@
-"""flux-cluster evaluate --submit: the evaluation as one Slurm job (one GPU) that runs the same command from a
-file in its run directory. Everything is checked here first; every path the job reads is absolute and
-mounted (read-only but where it writes), and the arguments never go into the script."""
+"""flux-cluster evaluate --submit: the evaluation as one Slurm job (one GPU) running
+``python -m flux_cluster.jobs.evaluate`` with the options written in its run directory. Everything is
+checked here first; every path the job reads is absolute and mounted (read-only but where it writes), and
+the options never go into the script."""
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flux_cluster.config.schema import SlurmConfig, SystemConfig
-    from flux_cluster.evaluate.run import EvalOptions
+    from flux_cluster.evaluate.options import EvalOptions
     from flux_cluster.launch.submit import Launched
+
+JOB_MINUTES = 60
+"""Walltime added to the short-job budget: 2 x 96 generations (--runs 12 of the 8 built-in prompts) of
+FLUX.1-dev at 28 steps take minutes; a long prompt file at many --runs may need more."""
 
 _MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -37,33 +41,41 @@ def one_gpu_slurm(system: "SystemConfig") -> "SlurmConfig":
 
 
 def evaluate_slurm_system(system: "SystemConfig", mounts: tuple[str, ...]) -> "SystemConfig":
-    """The system as the one-GPU evaluate job runs on it (flux_cluster.evaluate.job narrows it to one
-    node and one rank; here it gets one GPU's share of the node instead of the whole node)."""
-    from flux_cluster.evaluate.job import evaluate_job_system
-
-    shared = system.model_copy(update={"slurm": one_gpu_slurm(system)})
-    return evaluate_job_system(shared, mounts)
+    """The system as the one-GPU evaluate job runs on it: one node, one rank, one GPU's share of the node
+    (one_gpu_slurm), no MLPerf steps; mounts: 'SRC:DST[:ro]' for the models and outputs in a container
+    (ignored on bare metal)."""
+    slurm = one_gpu_slurm(system).model_copy(update={"requeue": False})
+    mlperf = system.mlperf.model_copy(
+        update={
+            "nexp": 1,
+            "clear_caches": False,
+            "comm_test": False,
+            "verify_mounts": False,
+            "check_compliance": False,
+        }
+    )
+    update: dict[str, object] = {"nodes": 1, "gpus_per_node": 1, "slurm": slurm, "mlperf": mlperf}
+    if mounts and system.container.runtime != "none":
+        update["container"] = system.container.model_copy(
+            update={"mounts": [*system.container.mounts, *mounts]}
+        )
+    return system.model_copy(update=update)
 
 
 def submit_evaluation(
-    options: "EvalOptions",
-    argv: Callable[["EvalOptions"], list[str]],
-    system: str,
-    sets: list[str],
-    runs_dir: Path | None,
-    dry_run: bool,
+    options: "EvalOptions", system: str, sets: list[str], runs_dir: Path | None, dry_run: bool
 ) -> "Launched":
-    """argv: the command line that reproduces options (the job runs it), given them with absolute paths."""
+    """The job evaluates options, written with absolute paths into its run directory (OPTIONS_FILE)."""
     from flux_cluster.atomic import write_atomic
     from flux_cluster.config import load_system
-    from flux_cluster.evaluate import ARGS_FILE
+    from flux_cluster.evaluate import OPTIONS_FILE
     from flux_cluster.evaluate.clip import clip_mount, find_clip
-    from flux_cluster.evaluate.job import JOB_MINUTES
+    from flux_cluster.evaluate.options import options_to_json
     from flux_cluster.evaluate.run import output_paths, pipeline_folder, read_prompts
     from flux_cluster.evaluate.target import resolve_target
     from flux_cluster.launch.plan import make_plan
-    from flux_cluster.launch.rundir import create_run_dir, runs_root
     from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
+    from flux_cluster.rundir import create_run_dir, results_dir, runs_root
 
     config = load_system(system, sets).config
     require_slurm(config)
@@ -71,7 +83,7 @@ def submit_evaluation(
     pipeline = pipeline_folder(target, options.model)
     read_prompts(options.prompts)
     clip = find_clip(pipeline, options.clip)
-    output, _grid = output_paths(target, options.output)
+    output, _grid = output_paths(target, options.output, runs_root(None))
     absolute = dataclasses.replace(
         options,
         target=options.target.absolute(),
@@ -84,7 +96,7 @@ def submit_evaluation(
     clip_source = clip_mount(clip.absolute())
     read_only = [absolute.target, absolute.model, clip_source, absolute.prompts, target.data_root]
     mounts = [f"{p}:{p}:ro" for p in read_only if p is not None]
-    writable = (target.run_dir / "results") if target.run_dir else output.parent
+    writable = results_dir(target.run_dir) if target.run_dir else output.parent
     mounts.append(f"{writable.absolute()}:{writable.absolute()}")
     for mount in mounts:
         check_slurm_path(Path(mount.split(":")[0]))  # they become mount specifications: no ':' or ','
@@ -96,7 +108,8 @@ def submit_evaluation(
     run_dir = create_run_dir(root, "evaluate", config.name)
     plan = make_plan(config, "evaluate", run_dir, "evaluate", 0, extra_minutes=JOB_MINUTES)
 
-    def write_args(run_dir: Path) -> None:
-        write_atomic(run_dir / ARGS_FILE, json.dumps({"args": argv(absolute)}, indent=1) + "\n")
+    def write_options(run_dir: Path) -> None:
+        document = {"options": options_to_json(absolute)}
+        write_atomic(run_dir / OPTIONS_FILE, json.dumps(document, indent=1) + "\n")
 
-    return launch_plan(plan, dry_run=dry_run, prepare=write_args)
+    return launch_plan(plan, dry_run=dry_run, prepare=write_options)

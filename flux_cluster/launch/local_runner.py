@@ -10,26 +10,25 @@ from pathlib import Path
 
 import yaml
 
-from flux_cluster.launch.rundir import (
-    CONFIG_FILE,
+from flux_cluster.rundir import (
     MAX_PID,
-    STATE_DIR,
     RunRecord,
+    cancelled_file,
+    checkpoints_dir,
+    config_file,
+    local_log,
     lock_held,
     lock_holder_pids,
     repeat_done,
     repeat_lock_path,
+    state_dir,
 )
-
-LOCAL_LOG = "local.log"
-CANCELLED = "cancelled"
-"""state/cancelled, written by 'flux-cluster cancel': the run was stopped, it did not fail."""
 
 
 def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
-    log_path = run_dir / "slurm" / LOCAL_LOG
+    log_path = local_log(run_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / STATE_DIR / CANCELLED).unlink(missing_ok=True)  # an earlier attempt's cancel
+    cancelled_file(run_dir).unlink(missing_ok=True)  # an earlier attempt's cancel
     with (
         log_path.open("ab") as log,
         subprocess.Popen(
@@ -72,7 +71,7 @@ def lock_holders(run_dir: Path) -> list[int]:
     from flux_cluster.outside import OutsideFileError, open_regular
 
     found: list[int] = []
-    for path in sorted((run_dir / STATE_DIR).glob("exp_*.lock")):
+    for path in sorted(state_dir(run_dir).glob("exp_*.lock")):
         try:
             with open_regular(path, inside=run_dir):
                 pass
@@ -127,7 +126,7 @@ def local_state(run_dir: Path, record: RunRecord) -> str:
     """A local run's state from what is on disk and running now, not only from the first attempt's
     record: a repeat resumed by hand (bash job.sh) holds its lock, and finished repeats are marked."""
     try:
-        nexp = int(yaml.safe_load((run_dir / CONFIG_FILE).read_text())["job"].get("nexp", 1))
+        nexp = int(yaml.safe_load(config_file(run_dir).read_text())["job"].get("nexp", 1))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
         nexp = 1
     if runner_alive(record, run_dir) or any(lock_held(repeat_lock_path(run_dir, i)) for i in range(nexp)):
@@ -136,7 +135,7 @@ def local_state(run_dir: Path, record: RunRecord) -> str:
         return "COMPLETED"
     if record.launcher == "dry-run":
         return "NOT SUBMITTED"
-    if (run_dir / STATE_DIR / CANCELLED).exists():
+    if cancelled_file(run_dir).exists():
         checkpoint = latest_checkpoint(run_dir)
         return "CANCELLED" + (f" (checkpoint {checkpoint})" if checkpoint else " (no checkpoint written)")
     if record.exit_code is not None:
@@ -146,11 +145,11 @@ def local_state(run_dir: Path, record: RunRecord) -> str:
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint folder of the run's repeats (train.checkpoint_dir or run_dir/checkpoints)."""
-    base = run_dir / "checkpoints"
+    base = checkpoints_dir(run_dir)
     try:
-        train = yaml.safe_load((run_dir / CONFIG_FILE).read_text())["system"].get("train") or {}
+        train = yaml.safe_load(config_file(run_dir).read_text())["system"].get("train") or {}
         if train.get("checkpoint_dir"):
-            base = Path(train["checkpoint_dir"])
+            base = checkpoints_dir(run_dir, train["checkpoint_dir"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
         pass
     found = [p for p in base.glob("exp_*/step_*") if p.is_dir()]

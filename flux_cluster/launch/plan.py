@@ -1,13 +1,76 @@
-"""Everything a job script needs, computed once in Python so the templates stay declarative."""
+"""Everything a job script needs, computed once in Python so the templates stay declarative; and the job
+registry: which ``python -m`` module (under flux_cluster/jobs/, named here, never imported) each job runs."""
 
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flux_cluster import __version__
+from flux_cluster import __version__, rundir
 from flux_cluster.config.schema import SystemConfig
+from flux_cluster.data.prep.stages import ENCODE_STAGES
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.jobs import JOBS, JobKind
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    module: str
+    """Python module run on every rank: ``python -m MODULE --config RUN_DIR/config.yaml``."""
+    description: str
+    writes_mlperf_log: bool
+    run_minutes_from_system: bool
+    """True: walltime comes from the system's mlperf.run_minutes; False: the job is short (minutes)."""
+    writes_data: bool = False
+    """Data preparation: the data root is mounted read-write and the download (source) root too."""
+    minutes: int = 10
+    """Walltime budget of one repeat when it does not come from the system (model load and compile
+    included)."""
+
+
+JOBS: dict[str, JobKind] = {
+    "train": JobKind(
+        name="train",
+        module="flux_cluster.jobs.train",
+        description="MLPerf flux1 training (FSDP2/HSDP), to the quality target",
+        writes_mlperf_log=True,
+        run_minutes_from_system=True,
+    ),
+    "throughput": JobKind(
+        name="throughput",
+        module="flux_cluster.jobs.throughput",
+        description="The training step for warm-up then timed steps, no evaluation: samples/s, MFU, memory",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+        minutes=20,
+    ),
+    "preflight": JobKind(
+        name="preflight",
+        module="flux_cluster.jobs.preflight",
+        description="Per-node check: versions, accelerators, all_reduce bandwidth, data/log roots",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+    ),
+    "evaluate": JobKind(
+        name="evaluate",
+        module="flux_cluster.jobs.evaluate",
+        description="flux-cluster evaluate: inference latency, CLIP score, samples (one rank, one GPU)",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+    ),
+}
+
+
+def data_job(stage: str) -> JobKind:
+    """The Slurm job of one prepare-data or data encode stage (see flux_cluster/launch/data_jobs.py)."""
+    command = "data encode" if stage in ENCODE_STAGES else "prepare-data"
+    return JobKind(
+        name=f"data-{stage}",
+        module="flux_cluster.jobs.data",
+        description=f"{command}: the {stage} stage",
+        writes_mlperf_log=False,
+        run_minutes_from_system=False,
+        writes_data=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -26,15 +89,15 @@ class JobPlan:
 
     @property
     def config_path(self) -> Path:
-        return self.run_dir / "config.yaml"
+        return rundir.config_file(self.run_dir)
 
     @property
     def slurm_dir(self) -> Path:
-        return self.run_dir / "slurm"
+        return rundir.slurm_dir(self.run_dir)
 
     @property
     def results_dir(self) -> Path:
-        return self.run_dir / "results"
+        return rundir.results_dir(self.run_dir)
 
     @property
     def python(self) -> str:

@@ -6,7 +6,6 @@ the Jinja rendering, so the file Slurm runs is exactly the one stored in the run
 
 import contextlib
 import io
-import re
 import shutil
 import subprocess
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.rundir import JOB_ID
 
 if TYPE_CHECKING:
     from submitit.slurm.slurm import SlurmJob
@@ -30,11 +30,6 @@ FINAL_STATES = {
     "BOOT_FAIL",
     "DEADLINE",
 }
-
-
-# Slurm's job id forms: 123, an array task 123_4 or a range 123_[0-9%2], a het job component 123+1.
-# ASCII only: anything else (an id such as '--me' read from a run folder) would be an option to scancel.
-JOB_ID = re.compile(r"[0-9]+(_[0-9]+|_\[[0-9,%-]+\]|\+[0-9]+)?", re.ASCII)
 
 
 def check_job_id(job_id: object, where: str = "job id") -> str:

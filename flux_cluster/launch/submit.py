@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from flux_cluster.config.schema import SystemConfig
     from flux_cluster.launch.plan import JobPlan
-    from flux_cluster.launch.rundir import RunRecord
+    from flux_cluster.rundir import RunRecord
 
 # Run paths go into #SBATCH lines (sbatch neither unquotes them nor leaves '%' alone) and into
 # bind-mount specs (',' and ':' separate entries there): keep them to these characters.
@@ -34,7 +34,7 @@ class LaunchRequest:
     system: str
     """A system name (configs/systems/<name>.yaml) or a YAML file."""
     job: str = "train"
-    """A job of flux_cluster.jobs.JOBS: train, throughput, preflight, evaluate."""
+    """A job of flux_cluster.launch.plan.JOBS: train, throughput, preflight, evaluate."""
     overrides: list[str] = field(default_factory=list)
     """--set KEY=VALUE overrides, applied in order."""
     nexp: int | None = None
@@ -103,7 +103,7 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
     from flux_cluster.config import load_system
     from flux_cluster.config.schema import PLAIN_NAME_PATTERN
     from flux_cluster.launch.plan import make_plan
-    from flux_cluster.launch.rundir import create_run_dir, runs_root
+    from flux_cluster.rundir import create_run_dir, runs_root
 
     overrides: list[str | tuple[str, str]] = list(request.overrides)
     if request.nexp is not None:
@@ -133,7 +133,7 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
             raise FluxClusterError(f"--synthetic: only the throughput job takes it (got --job {request.job})")
         job_args = (*job_args, "--synthetic")
     if request.job in TRAINING_JOBS:
-        from flux_cluster.training.workload import resolve_training
+        from flux_cluster.config.workload import resolve_training
 
         config = _with_training_data(
             config, make=not request.dry_run, console=console, data=not request.synthetic
@@ -180,7 +180,7 @@ def launch_plan(
     """The one way a planned job starts (submit, preflight, data stages, evaluate): its run directory
     written (write_run), then recorded as a dry run, run here (launcher local: returns when it has ended),
     or submitted to Slurm with its job ids in jobs.json. Prints nothing but a local job's own lines."""
-    from flux_cluster.launch.rundir import RunRecord
+    from flux_cluster.rundir import RunRecord
 
     try:
         script = write_run(plan, training, prepare)
@@ -209,9 +209,9 @@ def remove_unstarted(run_dir: Path) -> str:
     failed), so it never becomes the 'latest' run; returns what to add to the error line."""
     import shutil
 
-    from flux_cluster.launch.rundir import JOBS_FILE
+    from flux_cluster.rundir import jobs_file
 
-    if not run_dir.is_dir() or (run_dir / JOBS_FILE).exists():
+    if not run_dir.is_dir() or jobs_file(run_dir).exists():
         return ""
     shutil.rmtree(run_dir, ignore_errors=True)
     return f" (nothing started: removed its run folder {run_dir})"
@@ -257,7 +257,7 @@ def _with_training_data(
     no data root (the user cache) or an existing empty one; other systems must name an existing prepared
     root. A named root that does not exist is an error, never created. data False (a throughput job on
     synthetic batches): no dataset at all."""
-    from data_prep.ensure import check_synthetic_root, default_root, ensure_synthetic_root
+    from flux_cluster.data.prep.ensure import check_synthetic_root, default_root, ensure_synthetic_root
 
     spec, data_root = config.train.synthetic_data, config.paths.data_root
     bare_metal = config.container.runtime == "none"  # else paths may be the cluster's, not this host's
@@ -314,7 +314,7 @@ def _absolute_paths(config: "SystemConfig") -> "SystemConfig":
 def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) -> None:
     """The run directory: resolved config (read by every rank), the script, the Slurm log folder."""
     from flux_cluster.atomic import write_atomic
-    from flux_cluster.launch.rundir import SCRIPT_FILE, write_run_config
+    from flux_cluster.rundir import script_file, write_run_config
 
     job_section = {
         "name": plan.job.name,
@@ -327,7 +327,7 @@ def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) 
     if training is not None:
         job_section["training"] = training
     write_run_config(plan.run_dir, plan.system, job_section)
-    write_atomic(plan.run_dir / SCRIPT_FILE, script, mode=0o755)
+    write_atomic(script_file(plan.run_dir), script, mode=0o755)
     if plan.system.launcher == "slurm":  # the job reads them at run time, not from Slurm (README: Secrets)
         from flux_cluster.config.secrets import store_secrets
 
@@ -338,15 +338,15 @@ def prepare_run_dir(plan: "JobPlan", script: str, training: dict | None = None) 
 def _run_here(plan: "JobPlan", script: str, console: "Console", echo: bool) -> Launched:
     from rich.markup import escape
 
-    from flux_cluster.jobs import NOT_CONVERGED_EXIT_CODE
     from flux_cluster.launch.local_runner import run_local
-    from flux_cluster.launch.rundir import SCRIPT_FILE, RunRecord
+    from flux_cluster.rundir import RunRecord, script_file
+    from flux_cluster.runtime.exit_codes import NOT_CONVERGED_EXIT_CODE
 
     console.print(
         f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
         f"{plan.system.gpus_per_node} local processes)"
     )
-    code = run_local(plan.run_dir / SCRIPT_FILE, plan.run_dir, echo=echo)
+    code = run_local(script_file(plan.run_dir), plan.run_dir, echo=echo)
     from flux_cluster.launch.local_runner import local_state
 
     record = RunRecord.load(plan.run_dir)

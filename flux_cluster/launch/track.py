@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.launch.rundir import RunRecord, resolve_run, runs_root
+from flux_cluster.rundir import RunRecord, cancelled_file, local_log, resolve_run, runs_root, slurm_dir
 
 CHUNK = 1024 * 1024
 """Logs are copied in pieces of this size: memory stays flat whatever a log's size."""
@@ -68,18 +68,16 @@ def wait_run(
 def log_files(run_dir: Path, record: RunRecord, stderr: bool = False) -> list[Path]:
     """The output of every job of the run (a local run: its one log, stdout and stderr together, so
     stderr alone is one line saying so)."""
-    from flux_cluster.launch.local_runner import LOCAL_LOG
-
     if record.launcher != "slurm":
         if stderr:
             raise FluxClusterError(
-                f"{run_dir}: a local run writes stdout and stderr together to slurm/{LOCAL_LOG}; "
-                "drop --stderr to see both"
+                f"{run_dir}: a local run writes stdout and stderr together to "
+                f"{local_log(run_dir).relative_to(run_dir)}; drop --stderr to see both"
             )
-        return [run_dir / "slurm" / LOCAL_LOG]
+        return [local_log(run_dir)]
     from flux_cluster.launch import slurm
 
-    return [slurm.log_path(job_id, run_dir / "slurm", stderr) for job_id in record.job_ids]
+    return [slurm.log_path(job_id, slurm_dir(run_dir), stderr) for job_id in record.job_ids]
 
 
 def copy_log(
@@ -126,27 +124,20 @@ def cancel_run(run_dir: Path, record: RunRecord) -> str:
         return _stop_local(run_dir, record)
     from flux_cluster.launch import slurm
 
-    slurm.cancel(record.job_ids, run_dir / "slurm")
+    slurm.cancel(record.job_ids, slurm_dir(run_dir))
     return f"cancelled {', '.join(record.job_ids)}"
 
 
 def _stop_local(run_dir: Path, record: RunRecord) -> str:
     from flux_cluster.atomic import write_atomic
-    from flux_cluster.launch.local_runner import (
-        CANCELLED,
-        lock_holders,
-        runner_alive,
-        stop_group,
-        stop_holder,
-    )
-    from flux_cluster.launch.rundir import STATE_DIR
+    from flux_cluster.launch.local_runner import lock_holders, runner_alive, stop_group, stop_holder
 
     alive = record.pid is not None and runner_alive(record, run_dir)
     holders = lock_holders(run_dir)
     if not alive and not holders:
         return f"{record.launcher} run {run_dir} is not running"
-    (run_dir / STATE_DIR).mkdir(exist_ok=True)
-    write_atomic(run_dir / STATE_DIR / CANCELLED, f"{time.time()}\n")
+    cancelled_file(run_dir).parent.mkdir(exist_ok=True)
+    write_atomic(cancelled_file(run_dir), f"{time.time()}\n")
     stopped = []
     if alive and record.pid is not None:
         stop_group(record.pid)

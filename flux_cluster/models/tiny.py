@@ -135,8 +135,8 @@ def _components(variant: Variant) -> dict[str, object]:
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
-    from flux_cluster.training.rectified_flow import LATENT_SCALE, LATENT_SHIFT
-    from flux_cluster.training.workload import load_workload
+    from flux_cluster.config.workload import load_workload
+    from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
 
     args = load_workload("flux1")[0].models["tiny"]
     args = args.model_copy(update={"guidance_embeds": variant == "dev"})

@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flux_cluster.mlperf_rules import CHECK_TIMEOUT_S, RULESETS
-from flux_cluster.report.harvest import MAX_LINE_BYTES
+from flux_cluster.mlperf_rules import CHECK_TIMEOUT_S, MAX_LINE_BYTES, RULESETS, read_loglines
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -70,34 +69,6 @@ def refused_values(loglines: list[Any], ruleset: str) -> list[str]:
             if v not in known
         ]
     return refused
-
-
-def read_loglines(path: Path, ruleset: str) -> tuple[list[Any], int, int]:
-    """(the parser's LogLines of the log's :::MLLOG lines, lines it could not parse, MLLOG lines over
-    MAX_LINE_BYTES dropped), streamed: memory holds the parsed lines, never the file."""
-    import importlib
-
-    from flux_cluster.report.harvest import TOKEN, bounded_lines
-
-    parser = importlib.import_module(
-        f"mlperf_logging.compliance_checker.mlp_parser.ruleset_{ruleset.replace('.', '')}"
-    )
-    loglines, failed, dropped, lineno = [], 0, 0, 0
-    for line in bounded_lines(path):
-        if isinstance(line, int):  # too long to hold (the harvester skips it too)
-            dropped += 1
-            continue
-        at = line.rfind(TOKEN)
-        if at < 0:
-            continue
-        # what the parser's re.sub(".*:::MLLOG ", ...) leaves, then its strip(), on latin-1 text
-        text = line[at:].decode("latin-1").strip()
-        try:
-            loglines.append(parser.string_to_logline(lineno, text))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            failed += 1
-        lineno += 1
-    return loglines, failed, dropped
 
 
 def check_log(path: Path, ruleset: str) -> tuple[bool, list[str]]:

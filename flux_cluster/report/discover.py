@@ -28,11 +28,23 @@ import yaml
 from flux_cluster.config.loader import ConfigLoader
 from flux_cluster.config.training import TrainMode
 from flux_cluster.evaluate import KIND as EVAL_KIND
-from flux_cluster.mlperf_rules import RULESETS
-from flux_cluster.report.harvest import TOKEN, finite_number, per_system
+from flux_cluster.mlperf_rules import RULESETS, TOKEN
+from flux_cluster.report.harvest import finite_number, per_system
+from flux_cluster.rundir import (
+    CHECKPOINTS_DIR,
+    INTERRUPTED_DIR,
+    RESULT_PREFIX,
+    RESULTS_DIR,
+    STATE_DIR,
+    TENSORBOARD_DIR,
+    config_file,
+    metrics_file,
+    repeat_of,
+    results_dir,
+)
 
-RESULT_NAME = re.compile(r"result_.*\.txt")
-_SKIP_DIRS = {"checkpoints", "tensorboard", "interrupted", "__pycache__", "node_modules", "state"}
+RESULT_NAME = re.compile(re.escape(RESULT_PREFIX) + r".*\.txt")
+_SKIP_DIRS = {CHECKPOINTS_DIR, TENSORBOARD_DIR, INTERRUPTED_DIR, "__pycache__", "node_modules", STATE_DIR}
 _LOG_SUFFIXES = {".txt", ".log", ".out", ".err", ""}
 _SNIFF_BYTES = 8 << 20
 MAX_SIDE_FILE_BYTES = 1 << 20
@@ -113,9 +125,9 @@ def _walk(root: Path, evals: dict[str, Path]) -> list[tuple[Path, list[Path]]]:
             dirs[:] = []
             continue
         seen.add(real)
-        if (here / "config.yaml").is_file() and (here / "results").is_dir():
+        if config_file(here).is_file() and results_dir(here).is_dir():
             dirs[:] = []  # a run directory: only its results/result_*.txt
-            results = here / "results"
+            results = results_dir(here)
             listed = sorted(os.listdir(results))
             logs = [results / n for n in listed if RESULT_NAME.fullmatch(n)]
             if logs:
@@ -128,7 +140,7 @@ def _walk(root: Path, evals: dict[str, Path]) -> list[tuple[Path, list[Path]]]:
         logs = named or [here / n for n in sorted(names) if _is_result_log(here / n)]
         if logs:
             found.append((here, logs))
-        if not (logs and here.name == "results" and (here.parent / "config.yaml").is_file()):
+        if not (logs and here.name == RESULTS_DIR and config_file(here.parent).is_file()):
             _add_evals(evals, [here / n for n in sorted(names)])  # (else a run's: read with its group)
     return found
 
@@ -167,7 +179,7 @@ def _natural(path: Path) -> list[Any]:
 
 def _describe(group: GroupSource) -> None:
     run_dir = group.path.parent
-    if group.path.name == "results" and (run_dir / "config.yaml").is_file():
+    if group.path.name == RESULTS_DIR and config_file(run_dir).is_file():
         _from_run_config(group, run_dir)
     else:
         _from_submission_tree(group)
@@ -186,7 +198,7 @@ def _describe(group: GroupSource) -> None:
 
 def _from_run_config(group: GroupSource, run_dir: Path) -> None:
     group.run_dir = True
-    path = run_dir / "config.yaml"
+    path = config_file(run_dir)
     try:
         # the config loader bounds what aliases expand to (a few bytes of them can make gigabytes)
         document = yaml.load(_read_small(path), Loader=ConfigLoader)
@@ -215,14 +227,9 @@ def _from_run_config(group: GroupSource, run_dir: Path) -> None:
     mode = (system.get("train") if isinstance(system.get("train"), dict) else {}).get("mode")
     group.train_mode = mode if mode in get_args(TrainMode) else None
     for log in group.files:
-        flops = _first_record(side_file(log, "metrics_", ".jsonl")).get("flops_per_sample")
+        flops = _first_record(metrics_file(run_dir, repeat_of(log))).get("flops_per_sample")
         if _positive(flops):
             group.flops_per_sample[log] = float(flops)
-
-
-def side_file(log: Path, prefix: str, suffix: str = "") -> Path:
-    """What the training loop writes beside results/result_<i>.txt: <prefix><i><suffix>."""
-    return log.with_name(f"{prefix}{log.stem.removeprefix('result_')}{suffix}")
 
 
 def _from_submission_tree(group: GroupSource) -> None:

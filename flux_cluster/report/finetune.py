@@ -26,17 +26,16 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
-from flux_cluster.report.discover import side_file
+from flux_cluster.mlperf_rules import MAX_LINE_BYTES, bounded_lines
 from flux_cluster.report.harvest import (
-    MAX_LINE_BYTES,
     EvalPoint,
     FineTuningRun,
     RunResult,
-    bounded_lines,
     finite_number,
     non_negative,
     whole_number,
 )
+from flux_cluster.rundir import best_dir, metrics_file, repeat_of
 
 _NUMBERS = (
     "images_per_s", "step_time_ms", "train_seconds", "lost_seconds", "epochs", "best_eval_loss",
@@ -50,8 +49,8 @@ MAX_CURVE_POINTS = 100_000
 
 def read_fine_tuning(log: Path, run: RunResult) -> FineTuningRun:
     """The fine-tuning figures of the run whose log is results/result_<i>.txt; warnings go on run."""
-    metrics = side_file(log, "metrics_", ".jsonl")
-    best = side_file(log, "best_")
+    run_dir, exp = log.parent.parent, repeat_of(log)  # the report reads these for run folders only
+    metrics, best = metrics_file(run_dir, exp), best_dir(run_dir, exp)
     result = FineTuningRun(best_weights=str(best) if best.is_dir() else None)
     summary: dict[str, Any] = {}
     curve: dict[int, EvalPoint] = {}

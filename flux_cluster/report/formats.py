@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flux_cluster.atomic import finite_for_json
 from flux_cluster.console import print_table
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, Latency
 from flux_cluster.report.harvest import RunResult
 from flux_cluster.report.scoring import GroupResult
+from flux_cluster.rundir import RESULTS_DIR
 from flux_cluster.safe_text import csv_cell, plain, printable
 
 SCHEMA_VERSION = 1
@@ -116,7 +118,7 @@ def run_name(group: GroupResult) -> str:
     """The run directory's name for a flux-cluster run (several runs on one system differ by it), else
     the folder of the group's result files."""
     path = Path(group.path)
-    return path.parent.name if path.name == "results" and path.parent.name else path.name
+    return path.parent.name if path.name == RESULTS_DIR and path.parent.name else path.name
 
 
 THROUGHPUT_NOTE = (
@@ -272,17 +274,6 @@ def to_document(groups: list[GroupResult], comparison: dict[str, Any] | None = N
 
 def render_json(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> str:
     return json.dumps(finite_for_json(to_document(groups, comparison)), indent=2, allow_nan=False) + "\n"
-
-
-def finite_for_json(value: Any) -> Any:
-    """NaN and infinities (a diverged run's loss, say) become null: JSON has no such numbers."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite_for_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_for_json(v) for v in value]
-    return value
 
 
 CSV_FIELDS = [

@@ -16,19 +16,20 @@ import json
 import math
 import reprlib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice, pairwise
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from flux_cluster.mlperf_rules import EVAL_INTERVAL_SAMPLES, QUALITY_TARGET
+from flux_cluster.mlperf_rules import (
+    EVAL_INTERVAL_SAMPLES,
+    MAX_LINE_BYTES,
+    QUALITY_TARGET,
+    TOKEN,
+    bounded_lines,
+)
 
-TOKEN = b":::MLLOG "
 KEY_MARK = b'"key": "'
-CHUNK_BYTES = 64 << 10
-MAX_LINE_BYTES = 256 << 10
-"""Longer lines (MLLOG lines are a few hundred bytes) are measured and skipped, never held whole."""
 MAX_COUNT = 2**53
 """Counts (samples, nodes) above this are not exact as floats: no real log has them."""
 MAX_PER_SYSTEM = 1_000_000
@@ -297,37 +298,6 @@ def _decode(payload: bytes, scan: _Scan) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # 1e400 ms, [[[[...
         scan.malformed += 1
         return None
-
-
-def bounded_lines(path: Path) -> Iterator[bytes | int]:
-    """The non-empty lines as the official parser's text mode sees them (LF, CRLF and a lone CR each end
-    one), read CHUNK_BYTES at a time. A line over MAX_LINE_BYTES (a crash's NUL fill, say) comes as its
-    length only: memory stays bounded whatever the file holds."""
-    head: list[bytes] = []  # the start of the line not yet ended, while it is short enough to keep
-    held = 0  # its length (kept or not)
-
-    def ended(tail: bytes) -> bytes | int:
-        nonlocal head, held
-        length, line = held + len(tail), b"".join([*head, tail])
-        head, held = [], 0
-        return line if length <= MAX_LINE_BYTES else length
-
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            parts = chunk.splitlines()  # bytes split at LF, CRLF and CR only, as text mode does
-            tail = b"" if chunk[-1] in b"\r\n" else parts.pop()
-            if not parts:  # no line end in this chunk: the line goes on
-                held += len(tail)
-                head = [*head, tail] if held <= MAX_LINE_BYTES else []
-                continue
-            line = ended(parts[0])
-            if line:
-                yield line
-            yield from filter(None, islice(parts, 1, None))  # whole lines, each < CHUNK_BYTES
-            head, held = [tail], len(tail)
-    line = ended(b"")
-    if line:
-        yield line
 
 
 def scan_file(path: Path) -> _Scan:

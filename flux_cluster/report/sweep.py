@@ -18,22 +18,21 @@ throughput figures, ``gpus``, ``gpu_hours``, ``cost_usd``, ``usd_per_million_sam
 ``nodes`` is a grid key, else the run's record, else 1.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.launch.sweep_state import (
+from flux_cluster.report.formats import Column
+from flux_cluster.sweepdir import (
     SWEEP_FILE,
     Point,
     SweepState,
-    is_sweep_folder,
     summary_columns,
     summary_csv,
     summary_rows,
 )
-from flux_cluster.report.formats import Column
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -81,32 +80,6 @@ class SweepReport:
             "points": self.rows,
             "best": self.best,
         }
-
-
-def load_for_report(folder: Path) -> SweepState:
-    """The sweep's state, its running points read again from their run directories (they may have ended
-    since sweep.json was written). Read only: a sweep's files are written by its runner alone, so a report
-    never races a running sweep."""
-    from flux_cluster.launch.sweep import view
-
-    return view(folder)
-
-
-def sweep_report(folder: Path) -> SweepReport:
-    """The report of the sweep in folder as it stands now."""
-    return build_report(folder, load_for_report(folder))
-
-
-def sweep_reports(paths: Sequence[Path]) -> list[SweepReport]:
-    """One report per sweep folder; any other path among them is an error (result logs have a report
-    of their own)."""
-    others = [str(p) for p in paths if not is_sweep_folder(p)]
-    if others:
-        raise FluxClusterError(
-            f"report sweep folders on their own: {', '.join(others)}: no {SWEEP_FILE} "
-            "(report result logs and run directories in a separate command)"
-        )
-    return [sweep_report(path) for path in paths]
 
 
 def build_report(folder: Path, state: SweepState) -> SweepReport:
@@ -225,7 +198,7 @@ def render_json(reports: list[SweepReport]) -> str:
 
 def sweep_document(reports: list[SweepReport]) -> dict[str, Any]:
     """The JSON document (see the module's docstring); NaN and infinities as null."""
-    from flux_cluster.report.formats import finite_for_json
+    from flux_cluster.atomic import finite_for_json
 
     return finite_for_json({"schema_version": SCHEMA_VERSION, "sweeps": [r.to_json() for r in reports]})
 

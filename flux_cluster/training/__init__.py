@@ -1,1 +1,1 @@
-"""Pieces of the flux1 training job; the entry point is ``flux_cluster.train``."""
+"""Pieces of the flux1 training job; the entry point is ``flux_cluster.jobs.train``."""

@@ -134,8 +134,8 @@ _STATE_TAG = "__flux_state__"
 
 @functools.cache
 def _state_classes() -> dict[str, type]:
-    """The classes to_plain may store, by name: the Energon loader state's (data_prep.loader)."""
-    from data_prep.loader import loader_state_classes
+    """The classes to_plain may store, by name: the Energon loader state's (flux_cluster.data.loader)."""
+    from flux_cluster.data.loader import loader_state_classes
 
     return {cls.__name__: cls for cls in loader_state_classes()}
 

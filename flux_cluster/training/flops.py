@@ -15,25 +15,7 @@ flux-schnell shape (d 3072, 19 + 38 blocks, 256 + 256 tokens) this gives 20.4 TF
 1% of the 20.3 NVIDIA uses for its throughput accounting.
 """
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions of a FluxTransformer2DModel that determine its cost."""
-
-    hidden: int
-    double_blocks: int
-    single_blocks: int
-    in_channels: int = 64
-    text_dim: int = 4096
-    """T5 hidden size (joint_attention_dim)."""
-    pooled_dim: int = 768
-    """CLIP pooled size (pooled_projection_dim)."""
-    mlp_ratio: float = 4.0
-    timestep_dim: int = 256
-    """Sinusoidal timestep embedding size fed to the time MLP."""
-
+from flux_cluster.config.workload import ModelShape
 
 FLUX_SCHNELL = ModelShape(hidden=3072, double_blocks=19, single_blocks=38)
 NVIDIA_TFLOP_PER_SAMPLE = 20.3

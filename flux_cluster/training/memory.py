@@ -51,9 +51,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.training.model import parameter_count, predict_velocity
 from flux_cluster.training.parallelize import checkpointed, wrap_for_checkpointing
-from flux_cluster.training.workload import ModelArgs, TrainingPlan
 
 GB = 1e9
 MASTER_BYTES_PER_PARAM = 16

@@ -12,7 +12,7 @@ import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torcha
 import torch
 from diffusers import FluxTransformer2DModel
 
-from flux_cluster.training.workload import ModelArgs
+from flux_cluster.config.workload import ModelArgs
 
 META_INIT_PARAMS = 2_000_000_000
 """Models larger than this are created on the meta device and initialised after sharding, so no rank

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-LATENT_SHIFT = 0.1159
-LATENT_SCALE = 0.3611
+from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
+
 VAL_TIMESTEPS = 8
 
 Predict = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,8 +64,8 @@ def validation_loss(
 ) -> tuple[float, int]:
     """(MLPerf validation loss, samples) over this rank's val batches, combined across all ranks.
 
-    Each batch has keys, t5, clip, mean, logvar and timestep (as data_prep.loader.FluxBatch). The ranks
-    step through their batches together: a sharded model's forward is a collective, and a rank's share
+    Each batch has keys, t5, clip, mean, logvar and timestep (as flux_cluster.data.loader.FluxBatch). The
+    ranks step through their batches together: a sharded model's forward is a collective, and a rank's share
     of val can be a batch shorter than another's (or empty). A rank that has run out repeats its last
     batch, or ``spare()`` if it had none, uncounted, until every rank is done."""
     distributed = dist.is_available() and dist.is_initialized()

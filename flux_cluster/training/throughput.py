@@ -20,23 +20,23 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.format import DIMS, Dims
 from flux_cluster.atomic import write_atomic
 from flux_cluster.config.schema import SystemConfig
-from flux_cluster.dist import DistInfo, init_distributed
+from flux_cluster.config.workload import ModelArgs, TrainingPlan
+from flux_cluster.data.format import DIMS, Dims
 from flux_cluster.errors import causes
-from flux_cluster.jobs.signals import die_with_parent, under_torchrun
-from flux_cluster.launch.sweep_state import THROUGHPUT_FILE
+from flux_cluster.rundir import CONFIG_FILE, throughput_file
+from flux_cluster.runtime.dist import DistInfo, init_distributed
+from flux_cluster.runtime.signals import die_with_parent, under_torchrun
 from flux_cluster.training.attention import attention_backend
-from flux_cluster.training.loop import (
+from flux_cluster.training.loop import train_step
+from flux_cluster.training.trainer import (
     build_trainer,
     measure_facts,
     plan_loader,
     step_generator,
     token_counts,
-    train_step,
 )
-from flux_cluster.training.workload import ModelArgs, TrainingPlan
 
 OOM_EXIT_CODE = 4
 """Exit code of a throughput run that ran out of accelerator memory (its record says status 'oom')."""
@@ -60,7 +60,7 @@ class ThroughputJob:
 
     @property
     def record_path(self) -> Path:
-        return self.run_dir / "results" / THROUGHPUT_FILE
+        return throughput_file(self.run_dir)
 
 
 @dataclass
@@ -174,7 +174,7 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
         image_tokens, text_tokens = token_counts(job.data_dir, model_args, cfg.model)
         batches = iter(plan_loader(plan, job.data_dir, info, job.seed))
     facts = measure_facts(
-        job.system, plan, info, trainer.dtype, model_args, image_tokens, text_tokens, "config.yaml"
+        job.system, plan, info, trainer.dtype, model_args, image_tokens, text_tokens, CONFIG_FILE
     )
     generator = step_generator(info, job.seed)
     injected = os.environ.get(TEST_OOM_ENV)

@@ -79,7 +79,7 @@ export MASTER_ADDR
 # Digits only before the arithmetic: bash would run a '$(...)' inside an array subscript there.
 [[ $SLURM_JOB_ID =~ ^[0-9]+$ ]] || { log "error: SLURM_JOB_ID '${SLURM_JOB_ID}' is not a number"; exit 1; }
 export MASTER_PORT=$((20000 + 10#$SLURM_JOB_ID % 20000))
-# A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/jobs/signals.py); we then requeue.
+# A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/runtime/signals.py); we then requeue.
 export FLUX_REQUEUE_MARKER="$_fc_run_dir/state/requeue-${SLURM_JOB_ID}"
 rm -f "$FLUX_REQUEUE_MARKER"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$_fc_run_dir/state/hostfile.${SLURM_JOB_ID}"

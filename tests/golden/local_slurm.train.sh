@@ -60,7 +60,7 @@ export MASTER_ADDR
 # Digits only before the arithmetic: bash would run a '$(...)' inside an array subscript there.
 [[ $SLURM_JOB_ID =~ ^[0-9]+$ ]] || { log "error: SLURM_JOB_ID '${SLURM_JOB_ID}' is not a number"; exit 1; }
 export MASTER_PORT=$((20000 + 10#$SLURM_JOB_ID % 20000))
-# A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/jobs/signals.py); we then requeue.
+# A rank that checkpointed after SIGUSR1 writes this file (flux_cluster/runtime/signals.py); we then requeue.
 export FLUX_REQUEUE_MARKER="$_fc_run_dir/state/requeue-${SLURM_JOB_ID}"
 rm -f "$FLUX_REQUEUE_MARKER"
 scontrol show hostnames "$SLURM_JOB_NODELIST" | sort > "$_fc_run_dir/state/hostfile.${SLURM_JOB_ID}"
@@ -110,7 +110,7 @@ wait_step() {
 run_experiment() {
     local _fc_rc=0
     begin_experiment "$1"
-    on_ranks python3 -m flux_cluster.train --config "$_fc_config" &
+    on_ranks python3 -m flux_cluster.jobs.train --config "$_fc_config" &
     wait_step $! || _fc_rc=$?
     if [[ -e "$FLUX_REQUEUE_MARKER" ]]; then
         rm -f "$FLUX_REQUEUE_MARKER"

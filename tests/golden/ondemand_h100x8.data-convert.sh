@@ -46,7 +46,7 @@ end_experiment() {
 run_experiment() {
     begin_experiment "$1"
     python3 -m flux_cluster.jobs.local_launch --standalone --nnodes=1 --nproc-per-node=1 \
-        -m data_prep.job --config "$_fc_config" --stage convert
+        -m flux_cluster.jobs.data --config "$_fc_config" --stage convert
     end_experiment
 }
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from data_prep.format import DIMS
-from data_prep.loader import train_loader, val_loader
+from flux_cluster.data.format import DIMS
+from flux_cluster.data.loader import train_loader, val_loader
 
 
 def digest(tensor: torch.Tensor) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from data_prep.format import DIMS
-from data_prep.loader import val_loader
+from flux_cluster.data.format import DIMS
+from flux_cluster.data.loader import val_loader
 from flux_cluster.training.rectified_flow import validation_loss
 
 sys.path.insert(0, str(Path(__file__).parent.parent))

@@ -1,0 +1,1 @@
+"""Pieces of benchmarks/data_prep.py (run it, not these)."""

@@ -1,0 +1,1 @@
+"""Pieces of benchmarks/train_throughput.py (run it, not these)."""

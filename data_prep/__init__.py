@@ -1,1 +1,0 @@
-"""Data preparation: MLCommons cc12m/coco preprocessed data -> Energon webdatasets, and their loader."""

@@ -1,0 +1,284 @@
+"""Resolve a system's ``train`` section against its workload file into the plan every rank runs.
+
+Resolution happens once, at submit time, so a bad combination (no preset for the batch size, a batch
+that does not split over the ranks) is a one-line error before anything is queued. No torch here.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.config.training import TrainConfig
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.mlperf_rules import closed_division_deviations
+from flux_cluster.resources import benchmarks_dir
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a FluxTransformer2DModel that determine its cost (flux_cluster/training/flops.py)."""
+
+    hidden: int
+    double_blocks: int
+    single_blocks: int
+    in_channels: int = 64
+    text_dim: int = 4096
+    """T5 hidden size (joint_attention_dim)."""
+    pooled_dim: int = 768
+    """CLIP pooled size (pooled_projection_dim)."""
+    mlp_ratio: float = 4.0
+    timestep_dim: int = 256
+    """Sinusoidal timestep embedding size fed to the time MLP."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MlperfFacts(_Strict):
+    global_batch_size: int = Field(ge=1)
+    """The reference's global batch, for a system that sets none."""
+    eval_interval_samples: int = Field(ge=1)
+    quality_target: float = Field(gt=0)
+    train_samples: int = Field(ge=1)
+    eval_samples: int = Field(ge=1)
+    max_samples: int = Field(ge=1)
+
+
+class BatchPreset(_Strict):
+    learning_rate: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+
+
+class ModelArgs(_Strict):
+    """The FluxTransformer2DModel arguments a preset sets (the rest keep diffusers' defaults)."""
+
+    num_layers: int = Field(ge=0)
+    num_single_layers: int = Field(ge=0)
+    attention_head_dim: int = Field(ge=2)
+    num_attention_heads: int = Field(ge=1)
+    joint_attention_dim: int = Field(ge=1)
+    pooled_projection_dim: int = Field(ge=1)
+    axes_dims_rope: tuple[int, int, int]
+    in_channels: int = 64
+    guidance_embeds: bool = False
+    """True for guidance-distilled checkpoints (FLUX.1-dev), which also take a guidance value."""
+
+    @classmethod
+    def of(cls, model_config: Any) -> "ModelArgs":
+        """The arguments a built or loaded model really has (a pretrained one need not match its preset)."""
+        return cls(**{name: model_config[name] for name in cls.model_fields})
+
+    @property
+    def hidden(self) -> int:
+        return self.attention_head_dim * self.num_attention_heads
+
+    def shape(self) -> ModelShape:
+        return ModelShape(
+            hidden=self.hidden,
+            double_blocks=self.num_layers,
+            single_blocks=self.num_single_layers,
+            in_channels=self.in_channels,
+            text_dim=self.joint_attention_dim,
+            pooled_dim=self.pooled_projection_dim,
+        )
+
+
+class FinetuneFacts(_Strict):
+    """A fine-tuning workload's defaults: passes over the data, not a quality target, end the run."""
+
+    epochs: int = Field(ge=1)
+    learning_rate: dict[Literal["lora", "finetune", "prodigy"], float]
+    """Default peak learning rate by train.mode, and for the prodigy optimizer (which scales it itself)."""
+    warmup_steps: int = Field(ge=0)
+
+
+class Workload(_Strict):
+    kind: Literal["mlperf", "finetune"] = "mlperf"
+    mlperf: MlperfFacts | None = None
+    finetune: FinetuneFacts | None = None
+    batch_presets: dict[int, BatchPreset] = {}
+    models: dict[str, ModelArgs] = {}
+    """Model shape presets; a fine-tuning workload without its own uses flux1's (a pretrained checkpoint
+    brings its own shape anyway)."""
+
+    @model_validator(mode="after")
+    def _sections(self) -> "Workload":
+        if getattr(self, self.kind) is None:
+            raise ValueError(f"a workload of kind {self.kind!r} needs a {self.kind!r} section")
+        return self
+
+
+class TrainingPlan(_Strict):
+    """Everything the ranks need beyond the system config, fully resolved."""
+
+    train: TrainConfig
+    """The system's train section with every None filled in (for fine-tuning: eval_every_steps, max_samples
+    and target may stay None: evaluation every epoch, the epochs end the run)."""
+    model_args: ModelArgs
+    mlperf: MlperfFacts | None
+    """The MLPerf facts (kind 'mlperf' workloads only)."""
+    kind: Literal["mlperf", "finetune"] = "mlperf"
+    world_size: int
+    dp_shard: int
+    dp_replicate: int
+    grad_accum_steps: int
+    workload_file: str
+
+    @property
+    def global_batch_size(self) -> int:
+        assert self.train.global_batch_size is not None
+        return self.train.global_batch_size
+
+    @property
+    def learning_rate(self) -> float:
+        assert self.train.learning_rate is not None
+        return self.train.learning_rate
+
+    @property
+    def warmup_steps(self) -> int:
+        assert self.train.warmup_steps is not None
+        return self.train.warmup_steps
+
+    @property
+    def fine_tuning(self) -> bool:
+        return self.kind == "finetune"
+
+    @property
+    def epochs(self) -> int:
+        assert self.train.epochs is not None
+        return self.train.epochs
+
+
+def load_workload(name: str) -> tuple[Workload, Path]:
+    path = benchmarks_dir() / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in benchmarks_dir().glob("*.yaml")))
+        raise FluxClusterError(f"train.benchmark: no workload file {path} (known: {known})")
+    try:
+        return Workload.model_validate(yaml.safe_load(path.read_text())), path
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(p) for p in error["loc"])
+        raise FluxClusterError(f"{path}: {key}: {error['msg']}") from None
+
+
+def _with(config: TrainConfig, **values: Any) -> TrainConfig:
+    return config.model_copy(update={k: v for k, v in values.items() if getattr(config, k) is None})
+
+
+def resolve_training(system: SystemConfig) -> TrainingPlan:
+    """The system's train section filled from its workload file and checked against its ranks."""
+    train = system.train
+    workload, path = load_workload(train.benchmark)
+    if workload.kind == "finetune":
+        return _resolve_finetune(system, workload, path)
+    assert workload.mlperf is not None
+    world = system.nodes * system.gpus_per_node
+    gbs, mbs = train.global_batch_size or workload.mlperf.global_batch_size, train.micro_batch_size
+    _check_split(gbs, mbs, world)
+    preset = workload.batch_presets.get(gbs)
+    if preset is None and (train.learning_rate is None or train.warmup_steps is None):
+        sizes = ", ".join(map(str, sorted(workload.batch_presets)))
+        raise FluxClusterError(
+            f"train.global_batch_size: no preset for {gbs} in {path.name} (presets: {sizes}); "
+            "set train.learning_rate and train.warmup_steps"
+        )
+    dp_shard = _dp_shard(system, world)
+    filled = _with(
+        train,
+        global_batch_size=gbs,
+        learning_rate=preset.learning_rate if preset else None,
+        warmup_steps=preset.warmup_steps if preset else None,
+        eval_every_steps=math.ceil(workload.mlperf.eval_interval_samples / gbs),
+        eval_batch_size=mbs,
+        max_samples=workload.mlperf.max_samples,
+        target=workload.mlperf.quality_target,
+    )
+    return TrainingPlan(
+        train=filled,
+        model_args=_model_args(train.model, workload, path),
+        mlperf=workload.mlperf,
+        world_size=world,
+        dp_shard=dp_shard,
+        dp_replicate=world // dp_shard,
+        grad_accum_steps=gbs // (mbs * world),
+        workload_file=path.name,
+    )
+
+
+def _resolve_finetune(system: SystemConfig, workload: Workload, path: Path) -> TrainingPlan:
+    """A fine-tuning workload: a pretrained checkpoint, epochs over the user's data, no batch presets."""
+    train = system.train
+    assert workload.finetune is not None
+    if train.mode == "pretrain":
+        raise FluxClusterError(
+            f"train.mode: 'pretrain' does not fine-tune; workload {path.name} needs 'lora' or 'finetune' "
+            "(and train.pretrained_path)"
+        )
+    world = system.nodes * system.gpus_per_node
+    mbs = train.micro_batch_size
+    gbs = train.global_batch_size or mbs * world
+    _check_split(gbs, mbs, world)
+    rates = workload.finetune.learning_rate
+    filled = _with(
+        train,
+        global_batch_size=gbs,
+        learning_rate=rates["prodigy"] if train.optimizer == "prodigy" else rates[train.mode],
+        warmup_steps=workload.finetune.warmup_steps,
+        epochs=workload.finetune.epochs,
+        eval_batch_size=mbs,
+    )
+    dp_shard = _dp_shard(system, world)
+    return TrainingPlan(
+        train=filled,
+        model_args=_model_args(train.model, workload, path),
+        mlperf=None,
+        kind="finetune",
+        world_size=world,
+        dp_shard=dp_shard,
+        dp_replicate=world // dp_shard,
+        grad_accum_steps=gbs // (mbs * world),
+        workload_file=path.name,
+    )
+
+
+def _check_split(gbs: int, mbs: int, world: int) -> None:
+    if gbs % (mbs * world):
+        raise FluxClusterError(
+            f"train.global_batch_size: {gbs} does not split over {world} ranks x micro_batch_size {mbs}; "
+            f"expected a multiple of {mbs * world}"
+        )
+
+
+def _dp_shard(system: SystemConfig, world: int) -> int:
+    dp_shard = system.train.dp_shard or system.gpus_per_node
+    if world % dp_shard:
+        raise FluxClusterError(f"train.dp_shard: {dp_shard} does not divide the {world} ranks")
+    return dp_shard
+
+
+def _model_args(name: str, workload: Workload, path: Path) -> ModelArgs:
+    models = workload.models or load_workload("flux1")[0].models
+    if name not in models:
+        raise FluxClusterError(f"train.model: {name!r} is not a model of {path.name}")
+    return models[name]
+
+
+def run_deviations(job: Mapping[str, Any]) -> list[str]:
+    """The reasons a run is non-conforming, from its config.yaml's ``job`` section ([] when it
+    conforms or is no training run). Loads the run's workload file (configs/benchmarks/)."""
+    training = job.get("training")
+    if not training:
+        return []
+    workload, _ = load_workload(training["train"]["benchmark"])
+    if workload.kind != "mlperf" or not training.get("mlperf"):
+        return [f"fine-tuning workload {training['train']['benchmark']!r}: no MLPerf result"]
+    found = closed_division_deviations(training["train"], training["mlperf"], workload.batch_presets.keys())
+    return [d.reason for d in found]
