@@ -528,7 +528,7 @@ def test_a_huge_grid_is_counted_before_it_is_expanded() -> None:
 
 def test_the_api_takes_grid_lists_as_lists_and_keys_as_names(workdir: Path) -> None:
     """{"env.NCCL_ALGO": ["Ring,Tree"]} is one point with that value; a key holding '=' or ',' is refused."""
-    from flux_cluster.api import _grid_mapping
+    from flux_cluster.api.sweeps import _grid_mapping
 
     assert _grid_mapping({"env.NCCL_ALGO": ["Ring,Tree"], "nodes": [1, 2]}) == {
         "env.NCCL_ALGO": ["Ring,Tree"],
