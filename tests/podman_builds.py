@@ -1,7 +1,7 @@
 """The image build tests' slow set-up, the stand-in vendor base (docker/testbase/build.sh) and then the
 first image build (about 3 minutes together, mostly downloads and unpacking), started in a background
 thread as soon as the session has collected those tests, so it overlaps the tests that run before them
-instead of adding to CI's 30 minutes. The tests wait for it (tests/test_image_build.py)."""
+instead of adding to CI's 30 minutes. The tests wait for it (tests/integration/test_image_build.py)."""
 
 import os
 import shutil

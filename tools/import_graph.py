@@ -9,7 +9,7 @@ a module over 600 lines or a function over 100). Standard library only (ast), so
     python tools/import_graph.py --arrows   # also every arrow between units, with its floors
 
 The floors are read from the "floors" layers contract in pyproject.toml, which import-linter holds in
-CI (tests/test_architecture.py); this script shows the numbers behind it.
+CI (tests/unit/test_architecture.py); this script shows the numbers behind it.
 """
 
 from __future__ import annotations

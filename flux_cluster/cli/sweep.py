@@ -196,8 +196,8 @@ def _given(value: object) -> bool:
 
 
 def _print_summary(handle: "Sweep", state: "SweepState") -> None:
-    from flux_cluster.sweepdir import SUMMARY_FILE
     from flux_cluster.report.sweep import build_report, print_sweep
+    from flux_cluster.sweepdir import SUMMARY_FILE
 
     print_sweep(build_report(handle.folder, state), cli_console())  # the state the exit code is from
     typer.echo(f"wrote {handle.folder / SUMMARY_FILE}", err=True)

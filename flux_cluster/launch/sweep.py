@@ -33,8 +33,8 @@ from flux_cluster.launch.sweep_plan import (
     point_request,
     scales_batch,
 )
-from flux_cluster.sweepdir import FINISHED, SWEEP_FILE, Point, SweepState
 from flux_cluster.launch.sweep_status import classify, reset, view
+from flux_cluster.sweepdir import FINISHED, SWEEP_FILE, Point, SweepState
 
 if TYPE_CHECKING:
     from rich.console import Console

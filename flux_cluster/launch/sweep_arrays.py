@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.launch.sweep_plan import point_request
-from flux_cluster.sweepdir import Point, SweepState
 from flux_cluster.launch.sweep_status import reset
+from flux_cluster.sweepdir import Point, SweepState
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -19,14 +19,15 @@ graph: autograd's saved tensors, a checkpoint's saved inputs, or its selective c
 ``saved_tensors_hooks`` cannot see. Storages count once each (views share them); parameters and the
 block's outputs are left out. For a plain block this is what ``saved_tensors_hooks`` sees; for a whole-
 block checkpointed one, its inputs. The meta device gives storages their real sizes, so the count equals
-a real run's (tests/test_memory.py checks both against the CPU). Attention is routed to the flash
-kernel's autograd (it keeps q, k, v, the output and the log-sum-exp), as ``attention_backend("auto")``
+a real run's (tests/unit/training/test_memory.py checks both against the CPU). Attention is routed to the
+flash kernel's autograd (it keeps q, k, v, the output and the log-sum-exp), as ``attention_backend("auto")``
 picks on GPUs; the meta device would otherwise take the math kernel, which keeps the attention matrix.
 
 - the peak: gradients are freed between steps, so the forward's activations and the full gradients are
   never held together (MemoryEstimate.total_gb), unless gradients accumulate over micro-batches.
 - torch.compile: compiled blocks keep COMPILED_KEPT_FRACTION of what eager blocks keep, fitted to
-  compiled peaks measured on one H200 (within 10% for every mode measured; tests/test_memory.py).
+  compiled peaks measured on one H200 (within 10% for every mode measured;
+  tests/unit/training/test_memory.py).
 
 Approximations: the inputs every block shares (the conditioning vector and the rotary tables) are counted
 once, in the root, although FSDP casts the rotary tables per block; layer-norm statistics are float32 as
@@ -67,8 +68,9 @@ COMPILED_KEPT_FRACTION = 0.6
 measurement): compiled kernels fuse element-wise chains and keep none of their intermediates. Fitted to
 one H200 (flux-schnell width, 4+8 blocks, micro-batch 32, no checkpointing: 54.5 GB compiled); it then
 gives full 45.0 (measured 43.6), alternate 47.0 (44.8), ops 48.7 (45.2) GB, all within 10%
-(tests/test_memory.py). It applies to plain blocks and to a checkpointed block's recomputation; what
-'ops' keeps (matmul and attention outputs) and a checkpointed block's inputs are kept whole."""
+(tests/unit/training/test_memory.py). It applies to plain blocks and to a checkpointed block's
+recomputation; what 'ops' keeps (matmul and attention outputs) and a checkpointed block's inputs are kept
+whole."""
 
 
 @dataclass(frozen=True)

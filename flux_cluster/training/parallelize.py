@@ -40,7 +40,7 @@ _KEPT_BY_OPS_POLICY = {
 
 
 # Blocks and the model return views; nothing changes them in place, so FSDP2's pre-backward hooks all run
-# (tests/test_parallelize.py: sharded gradients equal the unsharded model's).
+# (tests/unit/training/test_parallelize.py: sharded gradients equal the unsharded model's).
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 

@@ -1,5 +1,5 @@
 """Run under torchrun (2 ranks, gloo): read val and a few train batches through the Energon loader and
-write what each rank saw to OUT/rank<r>.json, for tests/test_loader.py to check."""
+write what each rank saw to OUT/rank<r>.json, for tests/integration/test_loader.py to check."""
 
 import hashlib
 import json

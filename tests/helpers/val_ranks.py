@@ -15,7 +15,9 @@ from flux_cluster.data.format import DIMS
 from flux_cluster.data.loader import val_loader
 from flux_cluster.training.rectified_flow import validation_loss
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
+# tests/ (data_helpers) and tests/integration/ (test_validation), as pytest would put them on the path
+sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from test_validation import FixedModel
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SAMPLE = ROOT / "tests" / "data" / "mlperf_v51_sample.tar.xz"
 SWEEP_NAME = "sweep-dgx_h100x8-20261124-101500"
@@ -39,7 +39,8 @@ STAND_INS: dict[str, tuple[str, str | None]] = {
         "flux-cluster submit --system local --dry-run",
     ),
     "tools/dev.sh test": ("sets up Slurm and runs the whole test suite", None),
-    "tools/dev.sh lint": ("ruff over the whole tree: CI runs it", None),
+    "tools/dev.sh unit": ("runs the unit half of this test suite", None),
+    "tools/dev.sh lint": ("ruff and lint-imports over the whole tree: CI runs them", None),
     "tools/dev.sh lock": ("re-resolves requirements/runtime.lock with pip (needs the package index)", None),
     "source .venv/bin/activate": ("a shell's PATH: these commands run the venv's flux-cluster already", None),
     "flux-cluster submit --system dgx_h100x8 --nexp 10": ("needs a Slurm cluster", DRY),
@@ -143,7 +144,10 @@ STAND_INS: dict[str, tuple[str, str | None]] = {
         "the README's CPU example (about a minute for 8 prompts): one prompt proves the same path",
         "{} " + ONE_PROMPT,
     ),
-    ".venv/bin/python -m pytest tests/test_golden.py --update-golden": ("rewrites tests/golden/", None),
+    ".venv/bin/python -m pytest tests/unit/launch/test_golden.py --update-golden": (
+        "rewrites tests/golden/",
+        None,
+    ),
     "bash slurm/local-cluster.sh start|stop|status|env|purge": ("needs root and changes the machine", None),
     ".venv/bin/python benchmarks/cli_startup.py": ("a benchmark: minutes", None),
     ".venv/bin/python benchmarks/data_prep.py": ("a benchmark: minutes", None),
@@ -271,7 +275,7 @@ def _scene(home: Path) -> None:
     request = SweepRequest("local", {"train.micro_batch_size": ["1", "2"]}, synthetic=True, name=SWEEP_NAME)
     folder, state = create_sweep(request)
     for point in state.points:
-        point.status, point.error = "oom", "stand-in: made by tests/test_readme.py, never run"
+        point.status, point.error = "oom", "stand-in: made by tests/integration/test_readme.py, never run"
     state.save(folder)
     assert SweepState.load(folder).points[0].status == "oom"
 

@@ -8,7 +8,7 @@ import pytest
 
 from flux_cluster import rundir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUN = Path("/runs/exp/20260101-000000-sys")
 REPEAT = "<i>"  # the README's placeholder, passed where the code takes a repeat index
 

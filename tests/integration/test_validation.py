@@ -12,7 +12,7 @@ from flux_cluster.data.loader import val_loader
 from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
 from flux_cluster.training.rectified_flow import key_generator, validation_loss
 
-HELPER = Path(__file__).parent / "helpers" / "val_ranks.py"
+HELPER = Path(__file__).parents[1] / "helpers" / "val_ranks.py"
 
 
 class FixedModel(torch.nn.Module):

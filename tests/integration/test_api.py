@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from flux_cluster import api
 from flux_cluster.cli import app
 from flux_cluster.launch.sweep import LOCK_FILE
-from flux_cluster.sweepdir import SUMMARY_FILE, SWEEP_FILE
 from flux_cluster.rundir import exclusive_lock
+from flux_cluster.sweepdir import SUMMARY_FILE, SWEEP_FILE
 from flux_cluster.training.throughput import TEST_OOM_ENV
 
 GRID = {"train.micro_batch_size": [4, 8]}

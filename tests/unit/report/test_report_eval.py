@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from PIL import Image
+from report_samples import _latency, eval_document
 from rich.console import Console
 from test_report_finetune import fine_tuning_run, two_systems
 from typer.testing import CliRunner
@@ -25,29 +26,6 @@ from flux_cluster.report.html import render_html
 __all__ = ["two_systems"]  # test_report_finetune's fixture: systems a (8 GPUs, $2) and b (4 GPUs, $3)
 
 CLOUD_SYSTEMS = ("aws_p5", "gcp_a3_highgpu", "azure_nd_h100_v5", "ondemand_h100x8")
-
-
-def _latency(p50: float, **changes: Any) -> dict[str, Any]:
-    latency = {
-        "p50_s": p50, "p90_s": p50 * 1.1, "p99_s": p50 * 1.2, "mean_s": p50 * 1.05,
-        "images_per_s": 1 / p50, "peak_memory_gb": 30.5, "samples": 100,
-    }  # fmt: skip
-    return {**latency, **changes}
-
-
-def eval_document(**changes: Any) -> dict[str, Any]:
-    document = {
-        "schema": 1, "kind": "flux-cluster-eval", "created": "2026-11-23T10:00:00+00:00", "system": "a",
-        "device": "NVIDIA H100 80GB HBM3", "model": "/models/FLUX.1-schnell", "target": "runs/a",
-        "weights": "runs/a/results/best_0", "weights_kind": "lora", "meaningful": True,
-        "meaningful_reason": None,
-        "settings": {"steps": 4, "guidance": 0.0, "resolution": 512, "runs": 100, "warmup": 2, "prompts": 8,
-                     "seed": 0},
-        "latency": {"base": _latency(0.5), "tuned": _latency(0.6)},
-        "clip_score": {"base": 30.25, "tuned": 31.5, "clip_model": "openai/clip-vit-large-patch14"},
-        "val_loss": {"base": 0.52, "tuned": 0.44}, "grid": "eval_0_grid.png",
-    }  # fmt: skip
-    return {**document, **changes}
 
 
 def png(path: Path, size: tuple[int, int] = (64, 32)) -> Path:

@@ -31,7 +31,7 @@ from flux_cluster.image.build import (
     run_plan,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 LOCK = ROOT / "requirements" / "runtime.lock"
 VENDORS = ("nvidia", "amd")
 BASES = {"nvidia": "nvcr.io/nvidia/pytorch:", "amd": "rocm/pytorch:"}

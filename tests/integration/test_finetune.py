@@ -302,7 +302,7 @@ def test_full_fine_tuning_stopped_by_sigusr1_resumes_and_keeps_the_best_weights(
     checkpoint holds the best so far) and resumed: every epoch is evaluated once, the best weights are the
     lowest evaluation's, and they load into the pipeline giving the recorded loss; the summary and the
     report count both attempts' time. (That a resume reproduces an uninterrupted run bit for bit is
-    tests/test_train.py's SIGUSR1 test, same code.)"""
+    tests/integration/test_train.py's SIGUSR1 test, same code.)"""
     sets = finetune_sets("finetune", encoded, tiny_pipeline, "train.activation_checkpointing=ops")
     sets += ["train.learning_rate=3e-3", "train.epochs=4"]
     interrupted = prepared_run(cli, *sets)

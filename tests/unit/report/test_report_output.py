@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from report_samples import GROUP, sample
 from rich.console import Console
-from test_report import GROUP, sample
 from test_report_finetune import fine_tuning_run
 from typer.testing import CliRunner
 
@@ -19,8 +19,8 @@ from flux_cluster.report.formats import print_tables, render_markdown
 from flux_cluster.report.html import render_html
 from flux_cluster.report.scoring import GroupResult
 
-__all__ = ["sample"]  # test_report's fixture (the real v5.1 logs, unpacked once)
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["sample"]  # report_samples' fixture (the real v5.1 logs, unpacked once)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _unscored(**changes: object) -> GroupResult:

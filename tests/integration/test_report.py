@@ -6,11 +6,11 @@ import json
 import shutil
 import subprocess
 import sys
-import tarfile
 import tracemalloc
 from pathlib import Path
 
 import pytest
+from report_samples import GROUP, LORA_RUN, sample
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
@@ -19,23 +19,10 @@ from flux_cluster.report.build import Options, build
 from flux_cluster.report.harvest import harvest_run
 from flux_cluster.report.scoring import olympic_average
 
-ARCHIVE = Path(__file__).resolve().parent / "data" / "mlperf_v51_sample.tar.xz"
-LORA_RUN = ARCHIVE.parent / "local_lora_run"
-"""A real LoRA run of --system local (tests/data/README.md): 640 samples, division open."""
-GROUP = Path("NVIDIA/results/tyche_ngpu16_ngc25.09_nemo/flux1")
+__all__ = ["sample"]  # report_samples' fixtures, used here
+
 OFFICIAL_MINUTES = 160.70693958333334
 OFFICIAL_SAMPLES = 8_388_608
-
-
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real v5.1 logs (tests/data/README.md), unpacked once."""
-    root = tmp_path_factory.mktemp("v51")
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(root, filter="data")
-    for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return root / "mlperf_v51_sample"
 
 
 def summarizer(tree: Path, tmp: Path) -> dict[str, str]:
@@ -328,7 +315,7 @@ def test_html_loads_in_headless_chromium_and_shows_the_plots(
     lora = tmp_path / "lora"  # the real LoRA run, evaluated (issue 15): an eval file and its sample grid
     shutil.copytree(LORA_RUN, lora)
     from PIL import Image
-    from test_report_eval import eval_document
+    from report_samples import eval_document
 
     tiny = eval_document(system="local", meaningful=False, meaningful_reason="tiny random-init pipeline")
     (lora / "results" / "eval_0.json").write_text(json.dumps(tiny))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_errors import error_line
 from PIL import Image
-from test_cli import error_line
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app

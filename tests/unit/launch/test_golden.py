@@ -1,6 +1,7 @@
 """Golden files of every shipped system's rendered script; they also must pass bash -n and shellcheck.
 
-Regenerate after an intended template change:  .venv/bin/python -m pytest tests/test_golden.py --update-golden
+Regenerate after an intended template change:
+    .venv/bin/python -m pytest tests/unit/launch/test_golden.py --update-golden
 """
 
 import shutil
@@ -17,7 +18,7 @@ from flux_cluster.launch.plan import ArrayPlan, make_plan
 from flux_cluster.launch.render import render_array, render_script
 from flux_cluster.launch.submit import throughput_args
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[2] / "golden"
 CASES = [(name, job, 1) for name in known_systems() for job in ("train", "preflight")] + [
     ("dgx_h100x8", "train", 10),  # NVIDIA style: 10 repeats in one allocation
     ("mi300x8", "train", 10),  # array of 10
@@ -72,7 +73,7 @@ def test_rendered_script_matches_golden(case: tuple[str, str, int], update_golde
     golden = GOLDEN / f"{case_id(case)}.sh"
     if update_golden:
         golden.write_text(text)
-    assert golden.is_file(), f"{golden} missing: run pytest tests/test_golden.py --update-golden"
+    assert golden.is_file(), f"{golden} missing: run pytest tests/unit/launch/test_golden.py --update-golden"
     assert text == golden.read_text(), f"{golden.name} differs: review, then regenerate with --update-golden"
 
 
@@ -157,7 +158,7 @@ def test_data_convert_job_is_an_array_with_writable_mounts() -> None:
 
 @pytest.mark.parametrize("script", ["tools/dev.sh", ".ci/run", "slurm/local-cluster.sh"])
 def test_repository_shell_scripts_pass_shellcheck(script: str) -> None:
-    path = Path(__file__).resolve().parent.parent / script
+    path = Path(__file__).resolve().parents[3] / script
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (tools/dev.sh test installs it as root)")

@@ -1,5 +1,5 @@
 """The training job on 2 CPU ranks (gloo) with the tiny model: the README's main command end to end,
-and kill-and-resume determinism (fine-tuning: tests/test_finetune.py)."""
+and kill-and-resume determinism (fine-tuning: tests/integration/test_finetune.py)."""
 
 import json
 import math

@@ -1,6 +1,6 @@
 """data encode --submit without Slurm: the rendered jobs (array, GPU, mounts), the options file the jobs
 read, and bad input refused in one line before anything is written. The real Slurm run is in
-tests/test_slurm.py (test_data_encode_submit_encodes_with_a_two_task_array_and_finishes)."""
+tests/integration/test_slurm.py (test_data_encode_submit_encodes_with_a_two_task_array_and_finishes)."""
 
 import json
 from pathlib import Path

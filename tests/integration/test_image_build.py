@@ -19,7 +19,7 @@ from flux_cluster import __version__
 from flux_cluster.config.image_names import image_name
 from flux_cluster.image.build import git_revision
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IMAGE = image_name("amd")
 
 pytestmark = [

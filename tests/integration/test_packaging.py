@@ -6,7 +6,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_ships_templates_and_systems_and_renders(tmp_path: Path) -> None:

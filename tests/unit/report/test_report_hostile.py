@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from report_samples import GROUP, sample
 from rich.console import Console
-from test_report import GROUP, sample
 from typer.testing import CliRunner
 
 from flux_cluster import mlperf_rules
@@ -25,7 +25,7 @@ from flux_cluster.report.harvest import RunResult, harvest_run
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.safe_text import printable
 
-__all__ = ["sample"]  # test_report's fixture (the real v5.1 logs, unpacked once), used here too
+__all__ = ["sample"]  # report_samples' fixture (the real v5.1 logs, unpacked once), used here too
 
 HOSTILE = (
     '<script>alert(1)</script>|=HYPERLINK("http://x")\x1b[2J\x1b]8;;http://evil\x1b\\[link=http://evil]x'

@@ -15,7 +15,7 @@ from flux_cluster.data.format import DIMS, decode_tensor
 from flux_cluster.data.loader import load_empty_encodings, train_loader, val_loader
 from flux_cluster.training.checkpoint import to_plain
 
-HELPER = Path(__file__).parent / "helpers" / "load_ranks.py"
+HELPER = Path(__file__).parents[1] / "helpers" / "load_ranks.py"
 TRAIN, VAL = 60, 21  # 21 val samples: the two ranks get unequal parts
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import stand_ins
+from cli_errors import error_line
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_cli import error_line
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app

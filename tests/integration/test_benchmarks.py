@@ -1,0 +1,72 @@
+"""The benchmarks' own code paths on CPU (benchmarks/: the GPU work checked small)."""
+
+from pathlib import Path
+
+
+def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/train_throughput.py is GPU work; --smoke checks its code paths on CPU (the job's own,
+    "ours", the same with train.precision fp8, and the plain diffusers + autocast "peer"), and
+    --memory-estimate prints its full-depth table
+    (meta device, no GPU)."""
+    import json
+    import subprocess
+    import sys
+
+    script = [sys.executable, str(Path(__file__).parents[2] / "benchmarks" / "train_throughput.py")]
+    out = tmp_path / "throughput.json"
+    result = subprocess.run(
+        [*script, "--smoke", "--json", str(out), "--markdown", str(tmp_path / "throughput.md")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    facts = json.loads(out.read_text())
+    rows = facts["rows"]
+    cases = sorted((r["impl"], r["micro_batch"], r["checkpointing"], r["compile"]) for r in rows)
+    assert cases == sorted(
+        (impl, mbs, mode, False)
+        for impl in ("ours", "ours-fp8", "peer")
+        for mbs in (2,)
+        for mode in ("full", "none")
+    )
+    phases = ("data_ms", "forward_ms", "backward_ms", "clip_ms", "optimizer_ms")
+    for row in rows:
+        assert row["status"] == "ok" and row["samples_per_s"] > 0 and row["peak_gb"] is None  # no GPU
+        assert all(row[phase] > 0 for phase in phases), row
+        assert (row["estimate_gb"] is not None) == (row["impl"] != "peer")
+        # host-bound guards: the gap to the phases' sum, operators per step, no compiles while timed
+        assert row["ops_per_step"] > 100 and row["host_gap_pct"] is not None and row["recompiles"] == 0
+    # The console table has a row per case, and the ratios of every setting both ran: ours and ours-fp8
+    # over the peer, ours-fp8 over ours.
+    cases_table, ratio_table = result.stdout.split("Ratios of samples/s")
+    table = [line.split("│")[1].strip() for line in cases_table.splitlines() if line.startswith("│ ")]
+    assert table.count("ours") == table.count("ours-fp8/tensorwise") == table.count("peer") == 2
+    assert len(facts["ratios"]) == 6
+    speed = {(r["label"], r["micro_batch"], r["checkpointing"]): r["samples_per_s"] for r in rows}
+    for ratio in facts["ratios"]:
+        setting = (ratio["micro_batch"], ratio["checkpointing"])
+        ours, other = speed[(ratio["impl"], *setting)], speed[(ratio["over"], *setting)]
+        assert ratio["ratio"] == ours / other
+        assert f"{ours / other:.2f}x" in ratio_table
+    assert "| ours | 2 | full | off |" in (tmp_path / "throughput.md").read_text()
+    assert "| ours-fp8/tensorwise | 2 | full | off |" in (tmp_path / "throughput.md").read_text()
+
+    options = ["--world-sizes", "8,64", "--batches", "16", "--checkpointing", "full,none"]
+    estimate = subprocess.run(
+        [*script, "--memory-estimate", *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    table_rows = [line.split("│")[1:-1] for line in estimate.stdout.splitlines() if line.startswith("│ ")]
+    cells = {(row[0].strip(), row[2].strip()): [cell.strip() for cell in row[3:]] for row in table_rows}
+    assert list(cells) == [("8", "full"), ("8", "none"), ("64", "full"), ("64", "none")]
+    total = {key: float(values[3]) for key, values in cells.items()}  # weights, gathered, activations, total
+    assert total[("64", "full")] < total[("8", "full")] < total[("8", "none")]
+    # fits 80 GB, and checkpointing 'auto' takes the least recompute under 90% of it (72 GB)
+    assert cells[("8", "full")][-2] == cells[("8", "none")][-2] == "yes" and 67 < total[("8", "none")] < 72
+    assert cells[("8", "none")][-1] == "<- auto" and cells[("8", "full")][-1] == ""
