@@ -188,13 +188,21 @@ class _ShardFailures(logging.Handler):
         named = re.search(r"'([^']+)'", record.getMessage())  # "Shard failed to load: 'train/...tar'"
         shard = self.output / named.group(1) if named else self.output
         line = str(write_error(f"{shard}.idx" if full_disk(exc) else shard, exc)).encode()
-        with self.first.get_lock():
-            if not self.first.value:
-                self.first.value = line[: len(self.first) - 1]
+        lock = self.first.get_lock()
+        if not lock.acquire(timeout=5):  # a worker the pool killed while it held the lock
+            return
+        try:
+            if not self.first.get_obj().value:
+                self.first.get_obj().value = line[: len(self.first) - 1]
+        finally:
+            lock.release()
 
     def raise_first(self) -> None:
-        if self.first.value:
-            raise FluxClusterError(self.first.value.decode(errors="replace"))
+        # Unlocked: the workers are done or gone, and one terminated while holding the lock would hang
+        # this read forever (seen in CI on a full disk).
+        first = self.first.get_obj().value
+        if first:
+            raise FluxClusterError(first.decode(errors="replace"))
 
 
 def is_indexed(output: Path) -> bool:
