@@ -13,7 +13,7 @@ Errors are flux_cluster.errors.FluxClusterError, one line each (the CLI prints t
 report() finding no result logs is its subclass NoResultsError.
 """
 
-from flux_cluster.api.data import DataRun, encode, prepare_data
+from flux_cluster.api.data import DataRun, encode, prepare_data, synth_hf
 from flux_cluster.api.evaluation import Evaluation, evaluate
 from flux_cluster.api.reports import Report, report
 from flux_cluster.api.runs import Run, load_system, open_run, preflight, requeue, submit
@@ -40,4 +40,5 @@ __all__ = [
     "requeue",
     "submit",
     "sweep",
+    "synth_hf",
 ]

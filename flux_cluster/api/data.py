@@ -127,3 +127,24 @@ def encode(
     given = {"system": system, "tasks": tasks, "overrides": overrides, "runs_dir": runs_dir}
     commands.only_with_submit(given | {"dry_run": dry_run or None}, "submit=True")
     return DataRun(summary=commands.encode_here(options, console))
+
+
+def synth_hf(
+    out: Path,
+    kind: str,
+    *,
+    train: int = 64,
+    val: int = 16,
+    seed: int = 0,
+    force: bool = False,
+    console: "Console | None" = None,
+) -> dict[str, int]:
+    """data synth-hf: a tiny local dataset for the hf workload's task kind (text-classification: JSONL
+    text+label; causal-lm: JSONL text; image-classification: an imagefolder), train/val splits, at out
+    (then --set hf.data=OUT). Returns the samples written per split."""
+    from flux_cluster.console import cli_console
+    from flux_cluster.data.prep.synth_hf import synthesize_hf
+
+    return synthesize_hf(
+        out, kind, train=train, val=val, seed=seed, force=force, console=console or cli_console(stderr=True)
+    )  # type: ignore[arg-type]

@@ -268,7 +268,12 @@ def demo_images(
     out: Annotated[Path, typer.Argument(help="Folder to create (must not exist or be empty).")],
     count: Annotated[int, typer.Option("--count", min=2, help="Images to write.")] = 40,
     layout: Annotated[
-        str, typer.Option("--layout", help="metadata.json (with imgs/), metadata.jsonl, or captions.txt.")
+        str,
+        typer.Option(
+            "--layout",
+            help="metadata.json (with imgs/), metadata.jsonl, or captions.txt; edit pairs for FLUX Kontext: "
+            "edit-pairs (control_images/ + training_images/) or edit-pairs.jsonl.",
+        ),
     ] = "metadata.json",
 ) -> None:
     """Write a small folder of generated, captioned images: something to try `data encode` on."""
@@ -278,3 +283,30 @@ def demo_images(
         raise FluxClusterError(f"{out}: exists and is not an empty folder; choose a new one")
     names = write_image_folder(out, layout, count, size=(96, 80))
     typer.echo(f"wrote {len(names)} captioned images ({layout}) to {out}")
+
+
+@app.command(name="synth-hf")
+def synth_hf(
+    out: Annotated[Path, typer.Argument(help="Folder to write (new or empty); then --set hf.data=OUT.")],
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            help="text-classification (train/val.jsonl, text+label), causal-lm (train/val.jsonl, text) or "
+            "image-classification (an imagefolder: train/ and val/, a folder per class, 32x32 PNGs).",
+        ),
+    ],
+    train: Annotated[int, typer.Option("--train", min=1, help="Train samples.")] = 64,
+    val: Annotated[int, typer.Option("--val", min=0, help="Val samples (0: no val split).")] = 16,
+    seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed writes the same data.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT even if it is not empty.")] = False,
+) -> None:
+    """Write a tiny local dataset for the hf workload (--set train.benchmark=hf), learnable by the models
+    of `flux-cluster models tiny --kind bert|gpt2|vit`."""
+    from flux_cluster import api
+
+    counts = api.synth_hf(out, kind, train=train, val=val, seed=seed, force=force)
+    typer.echo(
+        f"wrote {counts['train']} train and {counts['val']} val samples ({kind}) to {out}: "
+        f"--set hf.data={out.absolute()} --set hf.task={kind}"
+    )

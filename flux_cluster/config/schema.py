@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from flux_cluster.config.hf import HfConfig
 from flux_cluster.config.image_names import REGISTRY, default_image, is_file_image
 from flux_cluster.config.reserved import env_name_problem
 from flux_cluster.config.training import TrainConfig
@@ -336,6 +337,8 @@ class SystemConfig(_Section):
     """How 'flux-cluster prepare-data' splits its work into Slurm jobs."""
     train: TrainConfig = TrainConfig()
     """How this system runs the training job: model, batch sizes, evaluation, checkpoints, parallelism."""
+    hf: HfConfig = HfConfig()
+    """The Hugging Face model, task and data of train.benchmark hf (flux_cluster/config/hf.py)."""
 
     @model_validator(mode="before")
     @classmethod

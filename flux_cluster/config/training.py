@@ -12,7 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 CheckpointMode = Literal["auto", "full", "alternate", "single", "ops", "none"]
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
-Precision = Literal["bf16", "fp8"]
+FluxPrecision = Literal["bf16", "fp8"]
+HfPrecision = Literal["fp32", "amp-bf16", "amp-fp16"]
+Precision = Literal[FluxPrecision, HfPrecision]
+"""The FLUX workloads take bf16 | fp8, the hf workload fp32 | amp-bf16 | amp-fp16 (config/workload.py)."""
+HfParallel = Literal["ddp", "dp", "fsdp"]
 FP8_STATUS = (
     "train.precision fp8 is experimental: 1.16x bf16's samples/s with full checkpointing and 1.10x with "
     "'ops' on one H100, 1.14x with 'ops' on one H200 (compiled, micro-batch 32, 2026-11-27), short of "
@@ -22,6 +26,8 @@ FP8_STATUS = (
 ModelPresetName = Literal["flux-schnell", "small", "tiny"]
 TrainMode = Literal["pretrain", "finetune", "lora"]
 OptimizerName = Literal["adamw", "adamw8bit", "prodigy"]
+BasePrecision = Literal["bf16", "fp8", "nf4"]
+DEFAULT_CAPTION_DROPOUT = 0.1
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
 
 
@@ -109,26 +115,52 @@ class TrainConfig(BaseModel):
     """Matmul precision of the transformer blocks: 'bf16' (param_dtype), or 'fp8': torchao float8 training of
     every block's linear layers (dynamic per-tensor scales; e4m3 forward, e5m2 gradients), everything else in
     bf16, as NVIDIA's and AMD's flux1 submissions train. Faster only on GPUs with FP8 matmuls (H100,
-    MI300 and newer); CPUs run the same code slowly. Needs param_dtype bfloat16; not with mode 'lora'."""
+    MI300 and newer); CPUs run the same code slowly. Needs param_dtype bfloat16; not with mode 'lora'.
+    The hf workload takes 'fp32' (its default when unset), 'amp-bf16' or 'amp-fp16' (torch.autocast over
+    fp32 weights; fp16 with a GradScaler) instead."""
+    parallel: HfParallel | None = None
+    """The hf workload only (FLUX always trains with FSDP2/HSDP): 'ddp' (DistributedDataParallel, one
+    process per GPU; the default), 'dp' (torch.nn.DataParallel: ONE process per node drives all its GPUs,
+    kept to show what it costs: see flux_cluster/hf/parallel.py) or 'fsdp' (fully_shard per layer)."""
     dp_shard: int | None = Field(default=None, ge=1)
     """Ranks that shard one copy of the model; the copies replicate across the rest (HSDP). None: the GPUs
     of one node, so replicas span nodes; set it to the world size for plain FSDP."""
     loader_workers: int = Field(default=4, ge=0, le=64)
     """Energon loader worker processes per rank (0: load in the training process)."""
-    cfg_dropout: float = Field(default=0.1, ge=0, le=1)
-    """Probability that a train sample's caption encodings are replaced by the empty ones."""
+    caption_dropout: float | None = Field(default=None, ge=0, le=1)
+    """Probability that a train sample's caption encodings are replaced by the empty ones (the T5 and CLIP
+    encodings of ''), so the model also learns the unconditional prediction that classifier-free guidance
+    needs; None: cfg_dropout, else 0.1."""
+    cfg_dropout: float | None = Field(default=None, ge=0, le=1)
+    """The older name of caption_dropout (the same setting: dropping captions is what classifier-free
+    guidance learns from). Set one of the two, or both to the same value."""
     guidance_scale: float = Field(default=3.5, ge=0)
     """Guidance value fed to guidance-distilled checkpoints (FLUX.1-dev) while training; others ignore it."""
     lora_rank: int = Field(default=16, ge=1)
     """LoRA rank (mode 'lora')."""
     lora_alpha: float = Field(default=16.0, gt=0)
     """LoRA alpha; the adapter output is scaled by alpha / rank."""
+    base_precision: BasePrecision = "bf16"
+    """Mode 'lora': how the frozen base's linear weights are stored. 'bf16': in param_dtype (what FSDP2
+    gathers them in anyway: the same numbers as a float32 copy, half the memory); 'fp8': float8 e4m3 with
+    one scale per output channel (about half of bf16); 'nf4': 4-bit NormalFloat in 64-weight blocks with
+    a float32 absmax each (bitsandbytes' NF4 bytes, 0.5625 bytes a weight). Each is dequantized to bf16
+    for its matmul; the adapters and their optimizer are unchanged (training/quantized_base.py). A
+    pre-quantized train.pretrained_path (flux-cluster models quantize) needs its own precision here."""
     lora_targets: list[ModuleName] = ["to_q", "to_k", "to_v", "to_out.0"]
-    """Module names that get adapters (peft target_modules)."""
+    """Module names that get adapters (peft target_modules). The hf workload, when this is left unset,
+    takes peft's default targets of the model's architecture (BERT: query, value; GPT-2: c_attn; ViT:
+    query, value); set ones are checked against the model's module names."""
     tensorboard: bool = True
     """Write TensorBoard scalars to <run dir>/tensorboard/."""
     synthetic_data: SyntheticDataConfig | None = None
     """Generate this synthetic dataset when paths.data_root is unset (into the user cache) or empty."""
+
+    @property
+    def caption_dropout_rate(self) -> float:
+        """caption_dropout, or cfg_dropout (its older name) when unset."""
+        rate = self.caption_dropout if self.caption_dropout is not None else self.cfg_dropout
+        return DEFAULT_CAPTION_DROPOUT if rate is None else rate
 
     @field_validator("activation_checkpointing", mode="before")
     @classmethod
@@ -137,8 +169,20 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
-        if self.mode != "pretrain" and not self.pretrained_path:
+        # the hf workload's pretrained model is hf.model
+        if self.mode != "pretrain" and not self.pretrained_path and self.benchmark != "hf":
             raise ValueError(f"mode {self.mode!r} needs train.pretrained_path (a local diffusers checkpoint)")
+        if self.base_precision != "bf16" and (self.mode != "lora" or self.benchmark == "hf"):
+            raise ValueError(
+                f"base_precision {self.base_precision!r} needs mode 'lora' of a FLUX workload "
+                f"(got mode {self.mode!r}, benchmark {self.benchmark!r})"
+            )
+        both = self.caption_dropout is not None and self.cfg_dropout is not None
+        if both and self.caption_dropout != self.cfg_dropout:
+            raise ValueError(
+                f"caption_dropout {self.caption_dropout} and cfg_dropout {self.cfg_dropout} are one "
+                f"setting (cfg_dropout is its older name): set one"
+            )
         if self.lora_init and self.mode != "lora":
             raise ValueError(f"lora_init needs mode 'lora' (got mode {self.mode!r})")
         if self.precision == "fp8" and (self.param_dtype != "bfloat16" or self.mode == "lora"):

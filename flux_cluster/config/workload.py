@@ -8,13 +8,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from flux_cluster.config.schema import SystemConfig
-from flux_cluster.config.training import TrainConfig
+from flux_cluster.config.training import FluxPrecision, HfPrecision, TrainConfig
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.mlperf_rules import closed_division_deviations
 from flux_cluster.resources import benchmarks_dir
@@ -99,10 +99,15 @@ class FinetuneFacts(_Strict):
     warmup_steps: int = Field(ge=0)
 
 
+WorkloadKind = Literal["mlperf", "finetune", "hf"]
+
+
 class Workload(_Strict):
-    kind: Literal["mlperf", "finetune"] = "mlperf"
+    kind: WorkloadKind = "mlperf"
     mlperf: MlperfFacts | None = None
     finetune: FinetuneFacts | None = None
+    hf: FinetuneFacts | None = None
+    """Kind 'hf': a Hugging Face model (the system's hf section) fine-tuned for epochs, as kind finetune."""
     batch_presets: dict[int, BatchPreset] = {}
     models: dict[str, ModelArgs] = {}
     """Model shape presets; a fine-tuning workload without its own uses flux1's (a pretrained checkpoint
@@ -124,7 +129,7 @@ class TrainingPlan(_Strict):
     model_args: ModelArgs
     mlperf: MlperfFacts | None
     """The MLPerf facts (kind 'mlperf' workloads only)."""
-    kind: Literal["mlperf", "finetune"] = "mlperf"
+    kind: WorkloadKind = "mlperf"
     world_size: int
     dp_shard: int
     dp_replicate: int
@@ -148,7 +153,8 @@ class TrainingPlan(_Strict):
 
     @property
     def fine_tuning(self) -> bool:
-        return self.kind == "finetune"
+        """Epochs over the user's data end the run (no quality target)."""
+        return self.kind in ("finetune", "hf")
 
     @property
     def epochs(self) -> int:
@@ -177,6 +183,9 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
     """The system's train section filled from its workload file and checked against its ranks."""
     train = system.train
     workload, path = load_workload(train.benchmark)
+    if workload.kind == "hf":
+        return _resolve_hf(system, workload, path)
+    _check_flux_only(train, path)
     if workload.kind == "finetune":
         return _resolve_finetune(system, workload, path)
     assert workload.mlperf is not None
@@ -222,31 +231,106 @@ def _resolve_finetune(system: SystemConfig, workload: Workload, path: Path) -> T
             f"train.mode: 'pretrain' does not fine-tune; workload {path.name} needs 'lora' or 'finetune' "
             "(and train.pretrained_path)"
         )
+    rates = workload.finetune.learning_rate
+    rate = rates["prodigy"] if train.optimizer == "prodigy" else rates[train.mode]
+    filled, world = _for_epochs(system, workload.finetune, rate)
+    return _epochs_plan(filled, world, _dp_shard(system, world), "finetune", workload, path)
+
+
+def _for_epochs(system: SystemConfig, facts: FinetuneFacts, learning_rate: float) -> tuple[TrainConfig, int]:
+    """The train section of a workload that runs for epochs, filled (one micro-batch per rank unless set,
+    the workload's rate, warmup and epochs), and the ranks."""
+    train = system.train
     world = system.nodes * system.gpus_per_node
     mbs = train.micro_batch_size
     gbs = train.global_batch_size or mbs * world
     _check_split(gbs, mbs, world)
-    rates = workload.finetune.learning_rate
     filled = _with(
         train,
         global_batch_size=gbs,
-        learning_rate=rates["prodigy"] if train.optimizer == "prodigy" else rates[train.mode],
-        warmup_steps=workload.finetune.warmup_steps,
-        epochs=workload.finetune.epochs,
+        learning_rate=learning_rate,
+        warmup_steps=facts.warmup_steps,
+        epochs=facts.epochs,
         eval_batch_size=mbs,
     )
-    dp_shard = _dp_shard(system, world)
+    return filled, world
+
+
+def _epochs_plan(
+    filled: TrainConfig, world: int, dp_shard: int, kind: WorkloadKind, workload: Workload, path: Path
+) -> TrainingPlan:
+    assert filled.global_batch_size is not None
     return TrainingPlan(
         train=filled,
-        model_args=_model_args(train.model, workload, path),
+        model_args=_model_args(filled.model, workload, path),
         mlperf=None,
-        kind="finetune",
+        kind=kind,
         world_size=world,
         dp_shard=dp_shard,
         dp_replicate=world // dp_shard,
-        grad_accum_steps=gbs // (mbs * world),
+        grad_accum_steps=filled.global_batch_size // (filled.micro_batch_size * world),
         workload_file=path.name,
     )
+
+
+def _check_flux_only(train: TrainConfig, path: Path) -> None:
+    """The FLUX workloads refuse the hf workload's values in one line."""
+    if train.precision not in get_args(FluxPrecision):
+        raise FluxClusterError(
+            f"train.precision: {train.precision!r} is for train.benchmark hf; workload {path.name} takes "
+            f"{' or '.join(get_args(FluxPrecision))}"
+        )
+    if train.parallel is not None:
+        raise FluxClusterError(
+            f"train.parallel: {train.parallel!r} is for train.benchmark hf; workload {path.name} always "
+            "trains with FSDP2 (train.dp_shard sets HSDP)"
+        )
+
+
+def _resolve_hf(system: SystemConfig, workload: Workload, path: Path) -> TrainingPlan:
+    """A Hugging Face model fine-tuned for epochs: the defaults the seed's benchmark uses (fp32, DDP, all
+    weights) where the system leaves them unset."""
+    train, hf, explicit = system.train, system.hf, system.train.model_fields_set
+    assert workload.hf is not None
+    for key, value, expected in (
+        ("model", hf.model, "a local model folder (save_pretrained)"),
+        ("task", hf.task, "text-classification, causal-lm or image-classification"),
+        ("data", hf.data, "a local dataset path or 'synthetic'"),
+    ):
+        if value is None:
+            raise FluxClusterError(f"hf.{key}: workload {path.name} needs it: {expected}")
+    mode = train.mode if "mode" in explicit else "finetune"
+    if mode == "pretrain":
+        raise FluxClusterError(
+            f"train.mode: workload {path.name} takes 'finetune' or 'lora' (got 'pretrain')"
+        )
+    precision = train.precision if "precision" in explicit else "fp32"
+    if precision not in get_args(HfPrecision):
+        raise FluxClusterError(
+            f"train.precision: {precision!r} is for the FLUX workloads; workload {path.name} takes "
+            f"{', '.join(get_args(HfPrecision))}"
+        )
+    if train.optimizer != "adamw":
+        raise FluxClusterError(
+            f"train.optimizer: workload {path.name} takes 'adamw' (got {train.optimizer!r})"
+        )
+    parallel = train.parallel or "ddp"
+    if parallel == "dp" and system.nodes != 1:
+        raise FluxClusterError(
+            f"train.parallel: 'dp' is one process driving one node's GPUs; got nodes {system.nodes}: "
+            "use 'ddp' or 'fsdp' across nodes"
+        )
+    filled, world = _for_epochs(system, workload.hf, workload.hf.learning_rate[mode])
+    filled = filled.model_copy(
+        update={
+            "mode": mode,
+            "precision": precision,
+            "parallel": parallel,
+            # empty: the model architecture's default targets (flux_cluster/hf/model.py)
+            "lora_targets": train.lora_targets if "lora_targets" in explicit else [],
+        }
+    )
+    return _epochs_plan(filled, world, world, "hf", workload, path)  # hf's FSDP shards over every rank
 
 
 def _check_split(gbs: int, mbs: int, world: int) -> None:

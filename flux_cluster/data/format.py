@@ -27,6 +27,12 @@ TENSOR_COLUMNS: dict[str, str] = {
     "logvar": "logvar.bytes",
 }
 """Source column -> shard member suffix."""
+CONTROL_COLUMN = "control_mean"
+"""Edit pairs only (`data encode` of a control_images/ folder): the control image's latent mean, the same
+shape as the target's; FLUX Kontext conditions on it (its mode, as FluxKontextPipeline encodes images)."""
+CONTROL_MEMBER = "control.bytes"
+MEMBER_SUFFIXES: dict[str, str] = {**TENSOR_COLUMNS, CONTROL_COLUMN: CONTROL_MEMBER}
+"""Every tensor column a source may hold -> its shard member suffix."""
 TIMESTEP_COLUMN = "timestep"
 VAL_TIMESTEPS = 8
 

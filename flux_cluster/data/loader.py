@@ -33,7 +33,14 @@ from megatron.energon import (
 )
 from megatron.energon.task_encoder.base import stateless
 
-from flux_cluster.data.format import EMPTY_DIR, EMPTY_FILES, TENSOR_COLUMNS, Dims, decode_tensor
+from flux_cluster.data.format import (
+    CONTROL_MEMBER,
+    EMPTY_DIR,
+    EMPTY_FILES,
+    TENSOR_COLUMNS,
+    Dims,
+    decode_tensor,
+)
 
 # Energon's loaders ask for pinned memory; on CPU-only hosts torch warns once per loader.
 warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator.*")
@@ -56,6 +63,8 @@ class FluxSample(Sample):
     timestep: int
     """Val: the sample's timestep index 0..7 (t = timestep / 8); train: -1."""
     caption_dropped: bool = False
+    control: torch.Tensor | None = None
+    """Edit pairs: the control image's latent mean [16, H, W], bf16 (FLUX Kontext's condition)."""
 
 
 @edataclass
@@ -67,6 +76,7 @@ class FluxBatch(Batch):
     logvar: torch.Tensor
     timestep: torch.Tensor
     caption_dropped: torch.Tensor
+    control: torch.Tensor | None = None
 
 
 def _tensor(data: bytes, shape: tuple[int, ...] | None) -> torch.Tensor:
@@ -136,6 +146,9 @@ class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, Flux
             mean=tensors["mean"],
             logvar=tensors["logvar"],
             timestep=int(record.get("timestep", NO_TIMESTEP)),
+            control=_tensor(crude[CONTROL_MEMBER], self.shapes.get("mean"))
+            if CONTROL_MEMBER in crude
+            else None,
         )
 
     @stateless
@@ -161,6 +174,7 @@ class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, Flux
             logvar=torch.stack([s.logvar for s in samples]),
             timestep=torch.tensor([s.timestep for s in samples], dtype=torch.long),
             caption_dropped=torch.tensor([s.caption_dropped for s in samples], dtype=torch.bool),
+            control=torch.stack([s.control for s in samples]) if samples[0].control is not None else None,
         )
 
 

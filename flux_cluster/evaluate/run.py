@@ -18,6 +18,7 @@ from flux_cluster.console import cli_console
 from flux_cluster.errors import FluxClusterError, write_error
 from flux_cluster.evaluate import KIND, SCHEMA, first_line, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
+from flux_cluster.evaluate.edits import edit_inputs
 from flux_cluster.evaluate.grid import grid_png, images_dir, save_images
 from flux_cluster.evaluate.latency import ImageProgress, Latency, measure_latency
 from flux_cluster.evaluate.options import EvalOptions
@@ -132,6 +133,14 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
     target = resolve_target(options.target, options.exp)
     pipeline = pipeline_folder(target, options.model)
     prompts = read_prompts(options.prompts)
+    edits = edit_inputs(target, options.resolution)  # an edit run: its held-out pairs, edited
+    if edits is not None:
+        if options.prompts is not None:
+            raise FluxClusterError(
+                f"--prompts {options.prompts}: {target.path} is an edit run, evaluated on the prompts of its "
+                "held-out pairs; leave --prompts out"
+            )
+        prompts = edits.prompts
     clip_folder = find_clip(pipeline, options.clip)
     json_path, grid_path = output_paths(target, options.output, runs_root)  # checked before the slow part
 
@@ -139,7 +148,7 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    pipe = _load_pipeline(pipeline, device, dtype)
+    pipe = _load_pipeline(pipeline, device, dtype, kontext=edits is not None)
     if target.weights is not None:  # before the base model runs: a misfit is found in seconds
         check = _check_lora_fits if target.weights_kind == "lora" else _check_transformer_fits
         check(pipe.transformer, target.weights, pipeline)
@@ -149,13 +158,21 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
         f"generations per prompt x {len(prompts)} prompts per model, {settings.steps} steps, "
         f"{settings.resolution}px"
     )
-    base = _measure(pipe, prompts, settings, options, target, device, dtype, "base", log)
+    controls = edits.controls if edits else None
+    base = _measure(pipe, prompts, settings, options, target, device, dtype, "base", log, controls)
     log(f"base: p50 {base.latency.p50_s:.3f} s, {base.latency.images_per_s:.2f} images/s")
     tuned = None
     if target.weights is not None:
         assert target.weights_kind is not None
-        _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype)
-        tuned = _measure(pipe, prompts, settings, options, target, device, dtype, "tuned", log)
+        quantized = target.base_precision != "bf16"  # served as it trained: adapters beside a quantized base
+        _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype, fuse=not quantized)
+        if quantized:
+            from flux_cluster.training.quantized_base import quantize_base
+
+            log(
+                quantize_base(pipe.transformer.requires_grad_(False), target.base_precision, dtype).describe()
+            )
+        tuned = _measure(pipe, prompts, settings, options, target, device, dtype, "tuned", log, controls)
         log(f"tuned: p50 {tuned.latency.p50_s:.3f} s, {tuned.latency.images_per_s:.2f} images/s")
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
     del pipe
@@ -196,19 +213,26 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
         else {"base": base.val_loss, "tuned": tuned.val_loss if tuned else None},
         "grid": None,
     }
+    if edits is not None:  # an edit run's documents only: a text-to-image one keeps its keys
+        document["edits"] = {"pairs": edits.names}
     columns = [("base", base.images)] + ([("tuned", tuned.images)] if tuned else [])
+    columns = ([("control", edits.controls)] if edits else []) + columns
     json_path, grid_path = _write(document, grid_png(columns, prompts), json_path, grid_path, columns)
     return EvalResult(document, json_path, grid_path)
 
 
-def _load_pipeline(folder: Path, device: "torch.device", dtype: "torch.dtype") -> "FluxPipeline":
-    from diffusers import FluxPipeline
+def _load_pipeline(
+    folder: Path, device: "torch.device", dtype: "torch.dtype", kontext: bool = False
+) -> "FluxPipeline":
+    """kontext: as FluxKontextPipeline (an edit run's), which edits an image."""
+    from diffusers import FluxKontextPipeline, FluxPipeline
 
     from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
 
     try:
         with no_progress_bars(), held_transformers_logs():
-            pipe = FluxPipeline.from_pretrained(folder, dtype=dtype, local_files_only=True)
+            kind = FluxKontextPipeline if kontext else FluxPipeline
+            pipe = kind.from_pretrained(folder, dtype=dtype, local_files_only=True)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise FluxClusterError(
             f"--model {folder}: cannot load it as a FLUX pipeline ({first_line(exc)})"
@@ -239,10 +263,11 @@ def _measure(
     dtype: "torch.dtype",
     label: str,
     log: Callable[[str], None],
+    controls: Sequence["Image"] | None = None,
 ) -> Measured:
     """options.runs timed generations of each prompt, the prompts in turn. Prompt p always gets seed + p:
     base and tuned images of a prompt start from the same noise, and every generation of it is the same
-    image, which is scored and drawn."""
+    image, which is scored and drawn. controls: an edit run's control images, prompt p edits controls[p]."""
     import torch
 
     images: dict[int, Image] = {}
@@ -251,7 +276,7 @@ def _measure(
         p = i % len(prompts)
         generator = torch.Generator("cpu").manual_seed(options.seed + p)  # the same noise on any device
         image = pipe(
-            prompts[p],
+            prompt=prompts[p],  # by name: FluxKontextPipeline's first argument is the image
             height=settings.resolution,
             width=settings.resolution,
             num_inference_steps=settings.steps,
@@ -259,6 +284,7 @@ def _measure(
             max_sequence_length=settings.max_sequence_length,
             generator=generator,
             output_type="pil",
+            **({} if controls is None else _edit_arguments(controls[p], settings)),
         ).images[0]
         images.setdefault(p, image)
 
@@ -282,18 +308,25 @@ def _measure(
     return Measured(latency, [images[p] for p in range(len(prompts))], val_loss)
 
 
+def _edit_arguments(control: "Image", settings: Settings) -> dict[str, Any]:
+    """FluxKontextPipeline's arguments for editing control at the evaluation's resolution, as trained:
+    no resizing to Kontext's preferred resolutions."""
+    return {"image": control, "max_area": settings.resolution**2, "_auto_resize": False}
+
+
 def _val_loss(
     transformer: "torch.nn.Module", target: Target, device: "torch.device", dtype: "torch.dtype"
 ) -> float:
     """The MLPerf validation loss on the run's val split, as the fine-tuning run computed it."""
     from flux_cluster.data.loader import val_loader
+    from flux_cluster.training.kontext import control_tokens
     from flux_cluster.training.model import predict_velocity
     from flux_cluster.training.rectified_flow import validation_loss
 
     assert target.data_root is not None
     loss, _ = validation_loss(
-        lambda x_t, t, t5, clip: predict_velocity(
-            transformer, x_t, t, t5, clip, dtype, target.train_guidance
+        lambda x_t, t, t5, clip, control=None: predict_velocity(
+            transformer, x_t, t, t5, clip, dtype, target.train_guidance, control_tokens(control)
         ),
         val_loader(target.data_root, batch_size=4, rank=0, world_size=1),
         device,
@@ -308,9 +341,11 @@ def _apply_weights(
     pipeline: Path,
     device: "torch.device",
     dtype: "torch.dtype",
+    fuse: bool = True,
 ) -> None:
-    """The fine-tuned weights into the base pipeline: a LoRA through diffusers' load_lora_weights, a
-    transformer folder in place of the base transformer. Weights that do not fit are one line."""
+    """The fine-tuned weights into the base pipeline: a LoRA through diffusers' load_lora_weights (fused
+    into the weights unless ``fuse`` is off), a transformer folder in place of the base transformer.
+    Weights that do not fit are one line."""
     from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
 
     if kind == "lora":
@@ -327,7 +362,8 @@ def _apply_weights(
             raise FluxClusterError(
                 f"{weights}: the LoRA does not fit the model {pipeline} (no layer of it loaded)"
             )
-        pipe.fuse_lora()  # merged into the weights, as a LoRA is served: no extra work per step
+        if fuse:
+            pipe.fuse_lora()  # merged into the weights, as a LoRA is served: no extra work per step
         return
     from diffusers import FluxTransformer2DModel
 

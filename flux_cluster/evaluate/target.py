@@ -27,6 +27,8 @@ class Target:
     """A run's dataset when it is here (an Energon root): its val split gives the validation loss."""
     train_guidance: float = 3.5
     """The guidance a run validated with (guidance-distilled models only)."""
+    base_precision: str = "bf16"
+    """A LoRA run's train.base_precision: its adapters are served on a base quantized the same way."""
 
 
 def _json_object(path: Path) -> dict | None:
@@ -104,4 +106,13 @@ def _run_target(run_dir: Path, exp: int) -> Target:
     pipeline = Path(pretrained) if pretrained and is_pipeline(Path(pretrained)) else None
     root = system.paths.data_root
     data_root = Path(root) if root and (Path(root) / ".nv-meta").is_dir() else None
-    return Target(run_dir, run_dir, found[0], found[1], pipeline, data_root, system.train.guidance_scale)
+    return Target(
+        run_dir,
+        run_dir,
+        found[0],
+        found[1],
+        pipeline,
+        data_root,
+        system.train.guidance_scale,
+        system.train.base_precision if system.train.mode == "lora" else "bf16",
+    )

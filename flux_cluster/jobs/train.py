@@ -30,11 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     env = os.environ
     run_dir = Path(env.get("FLUX_RUN_DIR", args.config.parent))
     exp_index = int(env.get("FLUX_EXP_INDEX", "0"))
-    data_dir = env.get("FLUX_DATA_DIR") or system.paths.data_root
+    # the hf workload reads hf.data (a local dataset or 'synthetic'), not an Energon root
+    data_dir = system.hf.data if plan.kind == "hf" else env.get("FLUX_DATA_DIR") or system.paths.data_root
     if not data_dir:
         sys.exit(f"{args.config}: paths.data_root is not set: no dataset to train on")
 
-    from flux_cluster.training.loop import JobContext, train  # torch and diffusers load here
+    from flux_cluster.training.context import JobContext
+
+    if plan.kind == "hf":
+        from flux_cluster.hf.train import train  # torch and transformers load here
+    else:
+        from flux_cluster.training.loop import train  # torch and diffusers load here
 
     context = JobContext(
         system=system,

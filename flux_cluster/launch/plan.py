@@ -107,6 +107,13 @@ class JobPlan:
         return "python" if self.system.container.runtime != "none" else self.python_fallback
 
     @property
+    def ranks_per_node(self) -> int:
+        """Processes per node: one per GPU, but one for the hf workload's train.parallel 'dp' (DataParallel
+        drives all of a node's GPUs from one process; flux_cluster/hf/parallel.py)."""
+        one = self.job.name == "train" and self.system.train.parallel == "dp"
+        return 1 if one else self.system.gpus_per_node
+
+    @property
     def nexp(self) -> int:
         return self.system.mlperf.nexp
 
@@ -292,6 +299,10 @@ class ArrayPlan:
     @property
     def walltime(self) -> str:
         return self.first.walltime
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.first.ranks_per_node
 
     @property
     def signal_spec(self) -> str:

@@ -133,11 +133,22 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
             raise FluxClusterError(f"--synthetic: only the throughput job takes it (got --job {request.job})")
         job_args = (*job_args, "--synthetic")
     if request.job in TRAINING_JOBS:
-        from flux_cluster.config.workload import resolve_training
+        from flux_cluster.config.workload import load_workload, resolve_training
 
-        config = _with_training_data(
-            config, make=not request.dry_run, console=console, data=not request.synthetic
-        )
+        if load_workload(config.train.benchmark)[0].kind == "hf":
+            if request.job != "train":
+                raise FluxClusterError(
+                    f"--job {request.job}: train.benchmark hf runs as --job train (it measures samples/s)"
+                )
+            config = _with_hf_paths(config)
+            # what the workload resolved, in the run's system section too (compliance, report, sweeps)
+            resolved = resolve_training(config).train
+            chosen = {key: getattr(resolved, key) for key in ("mode", "precision", "parallel")}
+            config = config.model_copy(update={"train": config.train.model_copy(update=chosen)})
+        else:
+            config = _with_training_data(
+                config, make=not request.dry_run, console=console, data=not request.synthetic
+            )
         training = resolve_training(config).model_dump(mode="json")
 
     run_dir = create_run_dir(root, experiment, request.run_name or config.name)
@@ -295,6 +306,29 @@ def _with_training_data(
     return config.model_copy(update={"paths": paths})
 
 
+def _with_hf_paths(config: "SystemConfig") -> "SystemConfig":
+    """The hf workload reads hf.model and hf.data, no Energon root: on bare metal both are checked here and
+    made absolute (the ranks start in the run directory); in containers they are the cluster's paths."""
+    from flux_cluster.config.hf import SYNTHETIC
+
+    hf = config.hf
+    if config.container.runtime != "none" or hf.model is None or hf.data is None:
+        return config  # a missing key is resolve_training's one line
+    model = Path(hf.model)
+    if not (model / "config.json").is_file():
+        raise FluxClusterError(
+            f"hf.model: {model} is not a model folder: expected config.json and weights (save_pretrained)"
+        )
+    update = {"model": str(model.absolute())}
+    if hf.data != SYNTHETIC:
+        if not Path(hf.data).exists():
+            raise FluxClusterError(
+                f"hf.data: {hf.data} does not exist: expected a local dataset or 'synthetic'"
+            )
+        update["data"] = str(Path(hf.data).absolute())
+    return config.model_copy(update={"hf": hf.model_copy(update=update)})
+
+
 def _absolute_paths(config: "SystemConfig") -> "SystemConfig":
     """This host's relative paths (train.pretrained_path, train.lora_init, paths.data_root) made absolute."""
     train = {
@@ -344,7 +378,7 @@ def _run_here(plan: "JobPlan", script: str, console: "Console", echo: bool) -> L
 
     console.print(
         f"[bold]run[/bold] {plan.run_dir} ({plan.job.name} on {plan.system.name}, "
-        f"{plan.system.gpus_per_node} local processes)"
+        f"{plan.ranks_per_node} local processes)"
     )
     code = run_local(script_file(plan.run_dir), plan.run_dir, echo=echo)
     from flux_cluster.launch.local_runner import local_state

@@ -8,6 +8,7 @@ from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flux_cluster.config.hf import HF_BENCHMARK
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.sweepdir import Point, SweepState
 
@@ -171,6 +172,8 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
         for i, combo in enumerate(product(*grid.values()))
     ]
     base = load_system(request.system, list(request.overrides)).config
+    if request.job != "train" and base.train.benchmark == HF_BENCHMARK:  # before any point is made
+        raise FluxClusterError(f"--job {request.job}: a sweep of train.benchmark hf runs --job train")
     if request.submit:
         from flux_cluster.launch.submit import require_slurm
 

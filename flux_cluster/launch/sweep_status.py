@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flux_cluster.config.hf import HF_BENCHMARK
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.sweepdir import SWEEP_FILE, Point, SweepState, is_sweep_folder
 
 if TYPE_CHECKING:
+    from flux_cluster.config import SystemConfig
     from flux_cluster.report.sweep import SweepReport
 
 
@@ -88,26 +90,35 @@ def _train_figures(point: Point, run_dir: Path) -> bool:
     if result.status not in ("success", "aborted"):
         return False
     point.status = "ok" if result.status == "success" else "not converged"
+    system = _run_system(run_dir)
     point.result = {
         "samples_per_s": result.throughput_samples_per_s,
         "samples_per_s_per_gpu": result.throughput_per_accelerator,
         "mfu": result.mfu,
         "world_size": result.accelerators,
-        "nodes": _run_nodes(run_dir),
+        "nodes": system.nodes if system is not None else None,
         "wall_s": result.minutes * 60 if result.minutes else None,
     }
+    if system is not None and system.train.benchmark == HF_BENCHMARK:
+        from flux_cluster.report.hf import sweep_point_figures
+
+        # its metrics summary's figures (steps alone, TFLOP/s, MFU, memory), on the GPUs it was given
+        gpus = system.nodes * system.gpus_per_node
+        point.result |= sweep_point_figures(log, result) | {"world_size": gpus}
+        speed = point.result["samples_per_s"]
+        point.result["samples_per_s_per_gpu"] = speed / gpus if speed is not None else None
     return True
 
 
-def _run_nodes(run_dir: Path) -> int | None:
-    """The node count the run was launched with (its config.yaml), None if unreadable."""
+def _run_system(run_dir: Path) -> "SystemConfig | None":
+    """The system the run was launched with (its config.yaml), None if unreadable."""
     from flux_cluster.rundir import config_file, read_run_config
 
     try:
         system, _ = read_run_config(config_file(run_dir))
     except (OSError, ValueError, KeyError, TypeError, FluxClusterError):
         return None
-    return system.nodes
+    return system
 
 
 def _failure(run_dir: Path, states: dict[str, str]) -> tuple[str, str]:

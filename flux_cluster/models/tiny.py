@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -202,34 +203,45 @@ def _check_out(out: Path, force: bool) -> None:
 
 
 def write_tiny_pipeline(
-    out: Path, *, variant: Variant = "schnell", seed: int = 0, force: bool = False
+    out: Path, *, variant: Variant = "schnell", seed: int = 0, force: bool = False, kontext: bool = False
 ) -> Path:
     """Write a random-init FLUX pipeline to ``out`` (a new or empty folder; ``force`` replaces a non-empty
-    one) and return it. The same seed writes byte-identical files."""
+    one) and return it. The same seed writes byte-identical files. ``kontext``: a FLUX.1-Kontext pipeline
+    (``FluxKontextPipeline``; Kontext is a dev model: guidance embedding, dynamic shift)."""
     out = Path(out)
+    variant = "dev" if kontext else variant
     if variant not in VARIANTS:
         raise FluxClusterError(f"variant {variant!r}: expected one of {', '.join(VARIANTS)}")
     _check_out(out, force)  # before the slow imports: a mistyped OUT fails at once
     import torch
-    from diffusers import FluxPipeline
+    from diffusers import FluxKontextPipeline, FluxPipeline
 
     from flux_cluster.models.quiet import no_progress_bars
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
         torch.manual_seed(seed)
-        pipe = FluxPipeline(**_components(variant))
+        pipe = (FluxKontextPipeline if kontext else FluxPipeline)(**_components(variant))
         clip_model, clip_processor = _clip_scorer()  # after the pipeline: its weights stay as they were
-    # Written next to out, then renamed: never a half-written pipeline; a failed write keeps the old one.
-    tmp, old = _sibling(out, "tmp"), None
-    try:
-        tmp.mkdir()  # not mkdtemp: its 0700 would hide the models from teammates and containers
+
+    def fill(tmp: Path) -> None:
         with no_progress_bars():
             pipe.save_pretrained(tmp, safe_serialization=True)
             clip_model.save_pretrained(tmp / CLIP_FOLDER, safe_serialization=True)
             clip_processor.save_pretrained(tmp / CLIP_FOLDER)
         for folder in (tmp / "tokenizer", tmp / CLIP_FOLDER):
             _write_clip_vocab(folder)
+
+    return publish_folder(out, fill)
+
+
+def publish_folder(out: Path, fill: Callable[[Path], None]) -> Path:
+    """Run ``fill`` on a new folder next to ``out``, then rename it onto ``out``: never a half-written
+    model folder; a failed write keeps the old one."""
+    tmp, old = _sibling(out, "tmp"), None
+    try:
+        tmp.mkdir()  # not mkdtemp: its 0700 would hide the models from teammates and containers
+        fill(tmp)
         for path in tmp.rglob("*"):  # safetensors writes 0600, which would hide the weights from teammates
             if path.is_file():
                 os.chmod(path, _default_mode())

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from flux_cluster.config.hf import HF_BENCHMARK
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.mlperf_rules import CHECK_TIMEOUT_S, QUALITY_TARGET, RULESETS
 from flux_cluster.report.compliance import check_logs
@@ -13,6 +14,7 @@ from flux_cluster.report.discover import DEFAULT_RULESET, GroupSource, find_inpu
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, read_eval, read_evals
 from flux_cluster.report.finetune import read_fine_tuning
 from flux_cluster.report.harvest import RunResult, harvest_run
+from flux_cluster.report.hf import hf_figures, read_hf
 from flux_cluster.report.scoring import FINE_TUNING_MODES, GroupResult, eval_figures, score_group
 
 
@@ -72,6 +74,9 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
             tracker.advance(f"reading {log.name}")
             if source.train_mode in FINE_TUNING_MODES:  # no MLPerf result: the rules do not apply
                 run.fine_tuning = read_fine_tuning(log, run)
+                if source.workload == HF_BENCHMARK:
+                    run.fine_tuning.hf = read_hf(log, run)
+                    run.mfu = run.fine_tuning.hf.mfu  # measured against the precision's peak
                 run.compliance = NOT_APPLICABLE
                 run.compliance_messages = [f"fine-tuning (train.mode {source.train_mode}): not checked"]
         choose_ruleset(source, runs[-1], options.ruleset)
@@ -101,6 +106,8 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
         )
         for source, group_runs in zip(sources, runs, strict=True)
     ]
+    for group in groups:
+        hf_figures(group)
     read = {os.path.realpath(e.file) for g in groups for e in g.evals}  # a run's, also named on its own
     alone = [p for p in eval_paths if os.path.realpath(p) not in read]
     return groups + evaluation_groups(alone, options, tracker)

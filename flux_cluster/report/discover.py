@@ -25,6 +25,7 @@ from typing import Any, get_args
 
 import yaml
 
+from flux_cluster.config.hf import HF_BENCHMARK
 from flux_cluster.config.loader import ConfigLoader
 from flux_cluster.config.training import TrainMode
 from flux_cluster.evaluate import KIND as EVAL_KIND
@@ -82,6 +83,8 @@ class GroupSource:
     """A flux-cluster run directory (its model need not be the benchmark's flux-schnell)."""
     train_mode: str | None = None
     """A run directory's train.mode: 'pretrain' (the benchmark), or 'finetune'/'lora' (no MLPerf result)."""
+    workload: str | None = None
+    """'hf' for a run directory of the hf workload (train.benchmark hf; report.hf reads its metrics)."""
     flops_per_sample: dict[Path, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -224,8 +227,12 @@ def _from_run_config(group: GroupSource, run_dir: Path) -> None:
         ruleset = None
     group.ruleset = ruleset
     group.submitter = _str_or_none(mlperf.get("submission_org"))
-    mode = (system.get("train") if isinstance(system.get("train"), dict) else {}).get("mode")
+    train = system.get("train") if isinstance(system.get("train"), dict) else {}
+    mode = train.get("mode")
     group.train_mode = mode if mode in get_args(TrainMode) else None
+    if train.get("benchmark") == HF_BENCHMARK:  # fine-tuning whatever its mode says: hf never pretrains
+        group.workload = HF_BENCHMARK
+        group.train_mode = mode if mode in ("finetune", "lora") else "finetune"
     for log in group.files:
         flops = _first_record(metrics_file(run_dir, repeat_of(log))).get("flops_per_sample")
         if _positive(flops):

@@ -39,7 +39,7 @@ from flux_cluster.rundir import best_dir, metrics_file, repeat_of
 
 _NUMBERS = (
     "images_per_s", "step_time_ms", "train_seconds", "lost_seconds", "epochs", "best_eval_loss",
-    "final_eval_loss", "peak_memory_gb",
+    "final_eval_loss", "peak_memory_gb", "parameter_gb",
 )  # fmt: skip
 _COUNTS = ("steps", "samples", "best_step", "world_size")
 MAX_OPTIMIZER_CHARS = 200
@@ -126,7 +126,7 @@ def _scan(
 def _take_summary(summary: dict[str, Any], result: FineTuningRun, run: RunResult, path: Path) -> None:
     """Each summary figure that is what the contract says; one warning per one that is not."""
     result.summary = bool(summary)
-    for key in (*_NUMBERS, *_COUNTS, "optimizer"):
+    for key in (*_NUMBERS, *_COUNTS, "optimizer", "base_precision"):
         if key not in summary:
             continue
         value = summary[key]

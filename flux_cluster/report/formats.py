@@ -14,6 +14,19 @@ from flux_cluster.atomic import finite_for_json
 from flux_cluster.console import print_table
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, Latency
 from flux_cluster.report.harvest import RunResult
+from flux_cluster.report.hf import (
+    HF_COLUMN_SPECS,
+    HF_COMPARISON_NOTE,
+    HF_COMPARISON_TITLE,
+    HF_CSV_FIELDS,
+    HF_NOTE,
+    HF_TITLE,
+    comparisons,
+    hf_document,
+    hf_group_values,
+    hf_rows,
+)
+from flux_cluster.report.ladder import LADDER_NOTE, LADDER_TITLE, LadderRow, ladder_document, ladder_rows
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.rundir import RESULTS_DIR
 from flux_cluster.safe_text import csv_cell, plain, printable
@@ -237,6 +250,33 @@ FINE_TUNING_RUN_COLUMNS = [
 ]
 
 
+HF_COLUMNS = [Column(*spec) for spec in HF_COLUMN_SPECS]
+"""The hf runs' table (report.hf.HF_COLUMN_SPECS)."""
+
+
+LADDER_COLUMNS = [
+    Column("precision", lambda r: r.precision),
+    Column("run", lambda r: run_name(r.group), wrap=True),
+    Column("train GB", lambda r: r.train_memory_gb, "{:,.2f}"),
+    Column("params GB", lambda r: r.parameter_gb, "{:,.3g}"),
+    Column("inference GB", lambda r: r.inference_memory_gb, "{:,.2f}"),
+    Column("images/s", lambda r: r.images_per_s, "{:,.1f}"),
+    Column("final val loss", lambda r: r.final_eval_loss, "{:.4f}"),
+    Column("CLIP score", lambda r: r.clip_score, "{:.2f}"),
+    Column("meaningful", lambda r: "yes" if r.meaningful else f"no: {r.device or 'cpu'}"),
+]
+"""The precision ladder (report/ladder.py): seed 004's precision | train VRAM | inference VRAM | speed |
+quality."""
+
+
+def ladder_markdown(groups: list[GroupResult]) -> list[str]:
+    """The precision ladder as Markdown lines (none without one)."""
+    rows: list[LadderRow] = ladder_rows(groups)
+    if not rows:
+        return []
+    return ["", f"## {LADDER_TITLE}", "", *_md_table(LADDER_COLUMNS, rows), "", LADDER_NOTE + "."]
+
+
 def run_columns(group: GroupResult) -> list[Column]:
     return FINE_TUNING_RUN_COLUMNS if group.fine_tuning else RUN_COLUMNS
 
@@ -269,6 +309,12 @@ def to_document(groups: list[GroupResult], comparison: dict[str, Any] | None = N
     document: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "groups": [g.to_json() for g in groups]}
     if comparison is not None:
         document["comparison"] = comparison
+    hf = hf_document(groups)
+    if hf is not None:
+        document["hf"] = hf
+    ladder = ladder_document(groups)
+    if ladder is not None:
+        document["precision_ladder"] = ladder
     return document
 
 
@@ -290,11 +336,13 @@ CSV_FIELDS = [
 
 def render_csv(groups: list[GroupResult]) -> str:
     """One row per group, the JSON names as headers (full precision, for spreadsheets and scripts)."""
+    hf = bool(hf_rows(groups))  # the hf columns only where there are hf runs: other reports keep theirs
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS + (HF_CSV_FIELDS if hf else []), lineterminator="\n")
     writer.writeheader()
     for group in groups:
-        writer.writerow({name: csv_cell(getattr(group, name)) for name in CSV_FIELDS})
+        row = {name: getattr(group, name) for name in CSV_FIELDS} | (hf_group_values(group) if hf else {})
+        writer.writerow({name: csv_cell(value) for name, value in row.items()})
     return out.getvalue()
 
 
@@ -322,6 +370,8 @@ def render_markdown(groups: list[GroupResult], comparison: dict[str, Any] | None
     if tuned:
         lines += ["", f"## {FINE_TUNING_TITLE}", "", *_md_table(FINE_TUNING_COLUMNS, tuned)]
         lines += ["", FINE_TUNING_NOTE + "."]
+    lines += hf_markdown(groups)
+    lines += ladder_markdown(groups)
     for group in groups:
         lines += ["", f"## {_md(_name(group))} ({_md(group.benchmark)})", "", f"path: {_md(group.path)}", ""]
         if not group.fine_tuning and not evaluations_only(group):
@@ -405,6 +455,20 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
             console, table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, ("system", "run", "mode", "basis"))
         )
         console.print(FINE_TUNING_NOTE + ".", soft_wrap=True)
+    rows = hf_rows(groups)
+    if rows:
+        print_table(
+            console, table(HF_TITLE, HF_COLUMNS, rows, ("run", "model", "parallel", "precision", "mode"))
+        )
+        console.print(HF_NOTE + ".", soft_wrap=True)
+        pairs = comparisons(rows)
+        if pairs:
+            console.print(HF_COMPARISON_TITLE + ": " + HF_COMPARISON_NOTE + ".", soft_wrap=True)
+            print_comparison({"pairs": pairs, "unmatched": []}, console)
+    ladder = ladder_rows(groups)
+    if ladder:
+        print_table(console, table(LADDER_TITLE, LADDER_COLUMNS, ladder, ("precision", "run", "meaningful")))
+        console.print(LADDER_NOTE + ".", soft_wrap=True)
     if mlperf or not tuned:
         rules = "as MLPerf's result_summarizer" if checked else "summarizer rules; compliance not checked"
         rulesets = ", ".join(dict.fromkeys(ruleset_text(g) for g in mlperf)) or "no ruleset"
@@ -426,6 +490,19 @@ def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
             cells = (m["name"], format_number(m["a"]), format_number(m["b"]), format_ratio(m["ratio"]))
             lines.append("| " + " | ".join(cells) + " |")
     lines += [f"- unmatched: {_md(u)}" for u in comparison["unmatched"]]
+    return lines
+
+
+def hf_markdown(groups: list[GroupResult]) -> list[str]:
+    """The hf runs side by side and seed 002's comparisons, as Markdown lines (none without hf runs)."""
+    rows = hf_rows(groups)
+    if not rows:
+        return []
+    lines = ["", f"## {HF_TITLE}", "", *_md_table(HF_COLUMNS, rows), "", HF_NOTE + "."]
+    pairs = comparisons(rows)
+    if pairs:
+        lines += ["", f"## {HF_COMPARISON_TITLE}", "", HF_COMPARISON_NOTE + "."]
+        lines += comparison_markdown({"a": "", "b": "", "pairs": pairs, "unmatched": []})[1:]
     return lines
 
 

@@ -84,6 +84,40 @@ class EvalPoint:
 
 
 @dataclass
+class HfRun:
+    """What an hf workload run's metrics_<i>.jsonl says beyond a fine-tuning run's (report.hf reads it):
+    its settings (the header, or the summary's "hf" block), its rates and FLOPs, and the time and cost
+    of its configured epochs at the measured rate. Field names are JSON schema: keep stable."""
+
+    model: str | None = None
+    task: str | None = None
+    parallel: str | None = None
+    precision: str | None = None
+    mode: str | None = None
+    micro_batch_size: int | None = None
+    seq_len: int | None = None
+    params: int | None = None
+    trainable_params: int | None = None
+    flops_per_step: float | None = None
+    """Model FLOPs of one optimizer step (forward and backward, torch's FlopCounterMode, once)."""
+    peak_tflops: float | None = None
+    """The GPU datasheet's dense peak for the precision; None on CPU."""
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    """Text tasks; None for images (samples_per_s is images/s)."""
+    tflops_per_s: float | None = None
+    mfu: float | None = None
+    epoch_seconds: float | None = None
+    estimated_total_seconds: float | None = None
+    """The configured epochs at the measured rate."""
+    epochs: float | None = None
+    """The configured epochs."""
+    estimated_gpu_hours: float | None = None
+    """estimated_total_seconds on the run's GPUs (the system's, as billed)."""
+    estimated_cost_usd: float | None = None
+
+
+@dataclass
 class FineTuningRun:
     """What a fine-tuning run's metrics_<i>.jsonl adds to its log. Field names are JSON schema: keep stable.
 
@@ -107,10 +141,16 @@ class FineTuningRun:
     peak_memory_gb: float | None = None
     world_size: int | None = None
     optimizer: str | None = None
+    base_precision: str | None = None
+    """LoRA runs: how the frozen base was stored (train.base_precision: bf16, fp8 or nf4)."""
+    parameter_gb: float | None = None
+    """One rank's parameter memory once sharded (the frozen base's precision shows here)."""
     best_weights: str | None = None
     """results/best_<i>/, where the run saved its best weights."""
     curve: list[EvalPoint] = field(default_factory=list)
     """The validation loss at every evaluation, by samples."""
+    hf: HfRun | None = None
+    """hf workload runs only (train.benchmark hf)."""
 
 
 @dataclass

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.report import formats, plots
+from flux_cluster.report.hf import comparisons, hf_rows
+from flux_cluster.report.ladder import ladder_rows
 from flux_cluster.report.scoring import GroupResult
 
 if TYPE_CHECKING:
@@ -176,6 +178,7 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
     from flux_cluster import __version__
 
     answers = cards(groups)
+    rows = hf_rows(groups)
     card_of = {id(g): c for g, c in zip(groups, answers, strict=True)}
     return template("report.html.j2").render(
         groups=groups,
@@ -188,6 +191,17 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
         eval_title=formats.EVAL_TITLE,
         eval_note=formats.EVAL_NOTE,
         fine_title=formats.FINE_TUNING_TITLE,
+        hf_rows=rows,
+        hf_columns=[c for c in formats.HF_COLUMNS if c.terminal],  # the page fits 1,400 px as the terminal
+        hf_pairs=comparisons(rows),
+        hf_title=formats.HF_TITLE,
+        hf_note=formats.HF_NOTE,
+        hf_comparison_title=formats.HF_COMPARISON_TITLE,
+        hf_comparison_note=formats.HF_COMPARISON_NOTE,
+        ladder_rows=ladder_rows(groups),
+        ladder_columns=formats.LADDER_COLUMNS,
+        ladder_title=formats.LADDER_TITLE,
+        ladder_note=formats.LADDER_NOTE,
         fine_note=formats.FINE_TUNING_NOTE,
         columns_of=formats.run_columns,
         evaluations_only=formats.evaluations_only,

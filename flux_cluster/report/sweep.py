@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.report.formats import Column
+from flux_cluster.report.formats import (
+    HF_COMPARISON_TITLE,
+    Column,
+    comparison_markdown,
+    format_number,
+    format_ratio,
+    print_comparison,
+)
+from flux_cluster.report.hf import COMPARED_KEYS, compared_metrics, one_change_pairs, shown
 from flux_cluster.sweepdir import (
     SWEEP_FILE,
     Point,
@@ -70,7 +78,7 @@ class SweepReport:
     """The sweep, its points in the order of rows (for the CSV, written as runs_summary.csv is)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document = {
             "folder": self.folder,
             "name": self.name,
             "system": self.system,
@@ -80,6 +88,8 @@ class SweepReport:
             "points": self.rows,
             "best": self.best,
         }
+        pairs = comparisons(self)
+        return document | ({"comparisons": pairs} if pairs else {})
 
 
 def build_report(folder: Path, state: SweepState) -> SweepReport:
@@ -159,6 +169,52 @@ def table_columns(report: SweepReport) -> list[Column]:
     ]
 
 
+SWEEP_FIGURES: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+    ("samples/s", _value("samples_per_s")),
+    ("samples/s/GPU", _value("samples_per_s_per_gpu")),
+    ("step p50 ms", _value("step_time_ms_p50")),
+    ("TFLOP/s/GPU", _value("tflops_per_gpu")),
+    ("MFU", _value("mfu")),
+    ("peak mem GB", _value("peak_memory_gb")),
+    ("GPU-h", _value("gpu_hours")),
+    ("USD/M samples", _value("usd_per_million_samples")),
+]
+COMPARISON_NOTE = (
+    "Every two points that ran to the end and differ in one of the grid's train.parallel, train.precision, "
+    "train.mode or train.micro_batch_size alone, side by side: A the baseline (DP, FP32, full fine-tuning, "
+    "the smaller micro-batch), B/A the ratio"
+)
+
+
+def comparisons(report: SweepReport) -> list[dict[str, Any]]:
+    """Seed 002's comparison tables for a sweep whose grid varies train.parallel, train.precision or
+    train.mode (a micro-batch sweep alone has its plot): every two ok points that differ in one compared
+    key alone, in the shape of report.compare's pairs plus the key and a title ('FP32 vs AMP-BF16')."""
+    compared = {key: key for key in COMPARED_KEYS if key in report.varied}
+    if not compared.keys() - {MICRO_BATCH}:
+        return []
+    ok = [row for row in report.rows if _ok(row)]
+
+    def settings(row: dict[str, Any]) -> dict[str, Any]:
+        return {key: row.get(key) for key in report.grid} | {NODES: row[NODES]}
+
+    pairs = []
+    for key, a, b in one_change_pairs(ok, settings, compared):
+        x, y = shown(key, a[key]), shown(key, b[key])
+        pairs.append(
+            {
+                "key": key,
+                "title": f"{x} vs {y}",
+                "a_name": f"{x}: point {a['point']}",
+                "b_name": f"{y}: point {b['point']}",
+                "a_path": a.get("run_dir") or "",
+                "b_path": b.get("run_dir") or "",
+                "metrics": compared_metrics(a, b, SWEEP_FIGURES),
+            }
+        )
+    return pairs
+
+
 def _title(report: SweepReport) -> str:
     return f"Sweep {report.name} on {report.system} ({report.job})"
 
@@ -188,6 +244,10 @@ def print_sweep(report: SweepReport, console: "Console") -> None:
         console.print("no point ran to the end (status ok): no best point", highlight=False)
     for line in _reasons(report):
         console.print(plain(line), soft_wrap=True)
+    pairs = comparisons(report)
+    if pairs:
+        console.print(f"{HF_COMPARISON_TITLE}: {COMPARISON_NOTE}.", soft_wrap=True, highlight=False)
+        print_comparison({"pairs": pairs, "unmatched": []}, console)
 
 
 def render_json(reports: list[SweepReport]) -> str:
@@ -237,6 +297,10 @@ def render_markdown(reports: list[SweepReport]) -> str:
         lines += [f"### {BEST_TITLE}", ""]
         lines += _md_table(columns, report.best) if report.best else ["No point ran to the end (status ok)."]
         lines += [""] + [f"- {_md(line)}" for line in _reasons(report)]
+        pairs = comparisons(report)
+        if pairs:
+            lines += ["", f"### {HF_COMPARISON_TITLE}", "", COMPARISON_NOTE + "."]
+            lines += [*comparison_markdown({"a": "", "b": "", "pairs": pairs, "unmatched": []})[1:], ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -338,7 +402,17 @@ def render_html(reports: list[SweepReport]) -> str:
     from flux_cluster import __version__
     from flux_cluster.report.html import template
 
-    sections = [(report, table_columns(report), sweep_plots(report)) for report in reports]
+    sections = [
+        (report, table_columns(report), sweep_plots(report), comparisons(report)) for report in reports
+    ]
     return template("sweep.html.j2").render(
-        sections=sections, title=_title, reasons=_reasons, best_title=BEST_TITLE, version=__version__
+        sections=sections,
+        title=_title,
+        reasons=_reasons,
+        best_title=BEST_TITLE,
+        version=__version__,
+        comparison_title=HF_COMPARISON_TITLE,
+        comparison_note=COMPARISON_NOTE,
+        number=format_number,
+        ratio=format_ratio,
     )

@@ -34,9 +34,11 @@ from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_in
 from flux_cluster.training.attention import attention_backend
 from flux_cluster.training.checkpoint import Checkpointer, step_of
 from flux_cluster.training.context import JobContext, Schedule, eval_policy
+from flux_cluster.training.kontext import control_tokens
 from flux_cluster.training.metrics import Meter, Progress, RunClock, open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog
 from flux_cluster.training.model import predict_velocity
+from flux_cluster.training.quantized_base import summary_facts
 from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
 from flux_cluster.training.resume import (
     lock_repeat_or_exit,
@@ -121,8 +123,9 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         latest = run.checkpoints.latest()
         if latest is None or step_of(latest) != progress.step:
             run.save()
+        base = summary_facts(run.trainer.base, run.trainer.parameter_bytes)
         run.meter.summary(
-            progress, run.schedule.epoch(progress.step), ctx.plan.train.optimizer, run.tensorboard
+            progress, run.schedule.epoch(progress.step), ctx.plan.train.optimizer, run.tensorboard, base
         )
     del lock
     if run.tensorboard is not None:
@@ -313,6 +316,7 @@ def train_step(
             batch.clip.to(info.device, non_blocking=True),
             trainer.dtype,
             plan.train.guidance_scale,
+            control_tokens(None if batch.control is None else batch.control.to(info.device)),  # edit pairs
         )
         loss = F.mse_loss(prediction.float(), target)
         (loss / accumulate).backward()
@@ -342,8 +346,8 @@ def _evaluate(
         world_size=info.world_size,
     )
     loss, _ = validation_loss(
-        lambda x_t, t, t5, clip: predict_velocity(
-            model, x_t, t, t5, clip, dtype, ctx.plan.train.guidance_scale
+        lambda x_t, t, t5, clip, control=None: predict_velocity(
+            model, x_t, t, t5, clip, dtype, ctx.plan.train.guidance_scale, control_tokens(control)
         ),
         batches,
         info.device,

@@ -307,10 +307,13 @@ class Meter:
                 tb.add_scalar("eval/loss_per_epoch", loss, int(epoch))
             tb.flush()
 
-    def summary(self, progress: Progress, epoch: float | None, optimizer: str, tb: Any) -> None:
+    def summary(
+        self, progress: Progress, epoch: float | None, optimizer: str, tb: Any, extra: dict | None = None
+    ) -> None:
         """Fine-tuning: the figures the fine-tuning benchmarks report, as the metrics file's last record,
         TensorBoard's summary/ scalars and one line. Whole-run figures: a resumed run's earlier attempts
-        count (their clock came with the checkpoint). Throughput counts training steps only (no
+        count (their clock came with the checkpoint). ``extra``: more facts of the run (the frozen base's
+        precision and bytes). Throughput counts training steps only (no
         evaluation, no set-up)."""
         clock = self.clock()
         gbs = self.ctx.plan.global_batch_size
@@ -340,6 +343,7 @@ class Meter:
             "peak_memory_gb": clock.peak_memory_gb,  # every rank's, every attempt's
             "world_size": self.info.world_size,
             "optimizer": optimizer,
+            **(extra or {}),
         }
         self._write({"summary": summary})
         cost = f", ${usd:,.2f} at ${price:g}/GPU-hour" if usd is not None else ""

@@ -95,15 +95,22 @@ def predict_velocity(
     clip: torch.Tensor,
     dtype: torch.dtype,
     guidance_scale: float = 3.5,
+    extra: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The model's velocity prediction for latents x_t [B, C, H, W] at times t [B], as [B, C, H, W].
-    Guidance-distilled models (FLUX.1-dev) also get ``guidance_scale``."""
+    Guidance-distilled models (FLUX.1-dev) also get ``guidance_scale``. ``extra``: (tokens [B, M, 64], ids
+    [M, 3]) appended after the target's image tokens, their outputs dropped: FLUX Kontext's control image
+    (training/kontext.py's control_tokens)."""
     b, c, h, w = x_t.shape
     img_ids, txt_ids = position_ids(h, w, t5.shape[1], x_t.device)
     distilled = model.config.guidance_embeds  # type: ignore[union-attr]
     guidance = torch.full((b,), guidance_scale, device=x_t.device, dtype=dtype) if distilled else None
+    tokens = pack_latents(x_t).to(dtype)
+    if extra is not None:
+        tokens = torch.cat([tokens, extra[0].to(tokens.device, dtype)], dim=1)
+        img_ids = torch.cat([img_ids, extra[1].to(img_ids.device, img_ids.dtype)], dim=0)
     out = model(
-        hidden_states=pack_latents(x_t).to(dtype),
+        hidden_states=tokens,
         encoder_hidden_states=t5.to(dtype),
         pooled_projections=clip.to(dtype),
         timestep=t.to(dtype),
@@ -112,7 +119,7 @@ def predict_velocity(
         guidance=guidance,
         return_dict=False,
     )[0]
-    return unpack_latents(out, c, h, w)
+    return unpack_latents(out[:, : (h // 2) * (w // 2)], c, h, w)  # the target's tokens only
 
 
 # ---- LoRA (peft): adapters on a frozen base, saved in diffusers' LoRA format.

@@ -18,8 +18,9 @@ from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
 
 VAL_TIMESTEPS = 8
 
-Predict = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""predict(x_t [B,C,H,W], t [B], t5 [B,S,D], clip [B,P]) -> velocity prediction [B,C,H,W]."""
+Predict = Callable[..., torch.Tensor]
+"""predict(x_t [B,C,H,W], t [B], t5 [B,S,D], clip [B,P]) -> velocity prediction [B,C,H,W]; batches of edit
+pairs add control=[B,C,H,W] (the control image's latent mean)."""
 
 
 def sample_latents(mean: torch.Tensor, logvar: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -95,7 +96,9 @@ def validation_loss(
         z = sample_latents(mean, logvar, eps.to(device))
         t = batch.timestep.to(device).float() / VAL_TIMESTEPS  # type: ignore[attr-defined]
         x_t, target = interpolate(z, noise.to(device), t)
-        prediction = predict(x_t, t, batch.t5.to(device), batch.clip.to(device))  # type: ignore[attr-defined]
+        control = getattr(batch, "control", None)  # edit pairs: the control latents, FLUX Kontext's condition
+        extra = {} if control is None else {"control": control.to(device)}
+        prediction = predict(x_t, t, batch.t5.to(device), batch.clip.to(device), **extra)  # type: ignore[attr-defined]
         if counted:
             losses = per_sample_mse(prediction, target)
             total += torch.stack(

@@ -23,6 +23,12 @@ from flux_cluster.training.model import add_lora, build_model, load_lora_init
 from flux_cluster.training.optimizers import build_optimizer
 from flux_cluster.training.parallelize import make_mesh, parallelize
 from flux_cluster.training.peak import GemmPeak, measure_gemm_peak
+from flux_cluster.training.quantized_base import (
+    QuantizedBase,
+    parameter_bytes,
+    pretrained_base,
+    quantize_base,
+)
 
 
 @dataclass
@@ -38,6 +44,10 @@ class Trainer:
     """The activation checkpointing mode in use ('auto' resolved)."""
     auto_choice: CheckpointingChoice | None = None
     """How 'auto' chose it (None for a configured mode)."""
+    base: QuantizedBase | None = None
+    """Mode 'lora': how the frozen base is stored (train.base_precision)."""
+    parameter_bytes: int = 0
+    """This rank's parameter bytes once sharded (frozen base, adapters, everything)."""
 
 
 def build_trainer(
@@ -50,7 +60,13 @@ def build_trainer(
     dtype = getattr(torch, cfg.param_dtype)
     checkpointing, choice = resolve_checkpointing(plan, gpu_memory_gb)
     torch.manual_seed(seed)  # the same initial weights on every rank
-    model = build_model(plan.model_args, cfg.pretrained_path if cfg.mode != "pretrain" else None)
+    pretrained = cfg.pretrained_path if cfg.mode != "pretrain" else None
+    try:  # a pre-quantized checkpoint (flux-cluster models quantize), dequantized until LoRA is on
+        prequantized = pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
+    except FluxClusterError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    model = prequantized or build_model(plan.model_args, pretrained)
+    base = None
     if cfg.mode == "lora":
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
         if cfg.lora_init:
@@ -58,6 +74,8 @@ def build_trainer(
                 load_lora_init(model, Path(cfg.lora_init), cfg.lora_rank, cfg.lora_targets)
             except FluxClusterError as exc:
                 raise SystemExit(f"error: {exc}") from None
+        base = quantize_base(model, cfg.base_precision, dtype)
+        say(info.rank == 0, base.describe())
     mesh = make_mesh(info.device, plan.dp_replicate, plan.dp_shard)
     parallelize(
         model,
@@ -74,7 +92,9 @@ def build_trainer(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
     )
-    return Trainer(model, params, optimizer, scheduler, dtype, checkpointing, choice)
+    return Trainer(
+        model, params, optimizer, scheduler, dtype, checkpointing, choice, base, parameter_bytes(model)
+    )
 
 
 def plan_loader(plan: TrainingPlan, data_dir: Path, info: DistInfo, seed: int) -> Any:
@@ -87,7 +107,7 @@ def plan_loader(plan: TrainingPlan, data_dir: Path, info: DistInfo, seed: int) -
         world_size=info.world_size,
         seed=seed,
         num_workers=cfg.loader_workers,
-        cfg_dropout=cfg.cfg_dropout,
+        cfg_dropout=cfg.caption_dropout_rate,
     )
 
 
@@ -201,4 +221,5 @@ def token_counts(data_dir: Path, args: ModelArgs, model_name: str) -> tuple[int,
             f"pooled_projection_dim {args.pooled_projection_dim}); choose another train.model or dataset"
         )
     height, width = batch.mean.shape[-2:]
-    return (height // 2) * (width // 2), batch.t5.shape[1]
+    controls = 0 if batch.control is None else batch.control[0, 0].numel() // 4  # edit pairs: Kontext's extra
+    return (height // 2) * (width // 2) + controls, batch.t5.shape[1]

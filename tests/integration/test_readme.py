@@ -78,6 +78,20 @@ STAND_INS: dict[str, tuple[str, str | None]] = {
         "5 epochs take about 40 s on 2 cores: one epoch proves the same path",
         "{} --set train.epochs=1",
     ),
+    "flux-cluster submit --system local --set train.benchmark=finetune --set train.mode=lora --set "
+    "train.pretrained_path=work/demo/flux-tiny --set train.base_precision=fp8 --set "
+    "paths.data_root=work/demo/data --set train.epochs=5 --set train.global_batch_size=8 --set "
+    "train.micro_batch_size=2 --set train.optimizer=adamw8bit --set train.caption_dropout=0.1": (
+        "tests/integration/test_quantized_finetune.py trains both precisions; here: checked, not run",
+        DRY,
+    ),
+    "flux-cluster submit --system local --set train.benchmark=finetune --set train.mode=lora --set "
+    "train.pretrained_path=work/demo/flux-tiny-nf4 --set train.base_precision=nf4 --set "
+    "paths.data_root=work/demo/data --set train.epochs=5 --set train.global_batch_size=8 --set "
+    "train.micro_batch_size=2 --set train.optimizer=adamw8bit --set train.caption_dropout=0.1": (
+        "tests/integration/test_quantized_finetune.py trains both precisions; here: checked, not run",
+        DRY,
+    ),
     "flux-cluster evaluate runs/finetune/RUN": ("the defaults take minutes on a CPU", "{} " + SMALL_EVAL),
     "flux-cluster evaluate my_lora.safetensors --model FLUX_DIR": (
         "placeholders: the example run's LoRA and its pipeline; the defaults take minutes on a CPU",
@@ -121,6 +135,23 @@ STAND_INS: dict[str, tuple[str, str | None]] = {
     "flux-cluster sweep --system dgx_h100x8 --grid train.micro_batch_size=4,8,16,32 "
     "--grid train.compile=false,true --grid nodes=1,2,4 --synthetic --submit --max-parallel 4": (
         "needs a Slurm cluster of H100 nodes",
+        DRY,
+    ),
+    "flux-cluster submit --system local --set train.benchmark=hf --set hf.model=work/hf/gpt2 --set "
+    "hf.task=causal-lm --set hf.data=work/hf/text --set hf.seq_len=32 --set hf.max_samples=64 --set "
+    "train.precision=amp-bf16 --set train.mode=lora --set train.lora_rank=8": (
+        "15 s of training that tests/integration/test_hf_train.py does on 2 gloo ranks (gpt2, AMP, LoRA)",
+        DRY,
+    ),
+    "flux-cluster submit --system local --set train.benchmark=hf --set hf.model=work/hf/vit --set "
+    "hf.task=image-classification --set hf.data=work/hf/shapes --set train.precision=amp-bf16": (
+        "15 s of training that tests/integration/test_hf_train.py does on 2 gloo ranks (vit, imagefolder)",
+        DRY,
+    ),
+    "flux-cluster sweep --system local --job train --set train.benchmark=hf --set hf.model=work/hf/bert "
+    "--set hf.task=text-classification --set hf.data=work/hf/reviews --grid train.precision=fp32,amp-bf16 "
+    "--grid train.parallel=dp,ddp --grid train.mode=finetune,lora": (
+        "8 more trainings of about 15 s: the hf runs above are compared the same way",
         DRY,
     ),
     f"flux-cluster sweep --resume {SWEEP_NAME} --wait": (

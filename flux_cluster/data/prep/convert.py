@@ -17,8 +17,8 @@ from pathlib import Path
 from flux_cluster.atomic import write_atomic
 from flux_cluster.data.format import (
     DEFAULT_SHARD_SIZE,
+    MEMBER_SUFFIXES,
     SPLITS,
-    TENSOR_COLUMNS,
     Split,
     sample_json,
     sample_key,
@@ -191,7 +191,9 @@ def _members(
         if row.timestep is not None:
             timesteps[row.timestep] += 1
         yield f"{name}.json", sample_json(row.key, row.timestep)
-        for column, suffix in sorted(TENSOR_COLUMNS.items(), key=lambda kv: kv[1]):
+        for column, suffix in sorted(MEMBER_SUFFIXES.items(), key=lambda kv: kv[1]):
+            if column not in row.tensors:
+                continue  # the control latents: edit pairs only
             yield f"{name}.{suffix}", row.tensors[column]
             pending_bytes += len(row.tensors[column])
         pending_samples += 1

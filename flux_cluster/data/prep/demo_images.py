@@ -7,6 +7,10 @@ from pathlib import Path
 
 from flux_cluster.errors import FluxClusterError
 
+EDIT_LAYOUTS = ("edit-pairs", "edit-pairs.jsonl")
+"""Edit pairs (flux_cluster.data.prep.edit_pairs): control_images/ + training_images/, or a metadata.jsonl
+with control_file_name."""
+
 _FOLDER_COLOURS = (
     ("red", (220, 30, 30)),
     ("green", (30, 200, 60)),
@@ -26,8 +30,13 @@ def write_image_folder(root: Path, layout: str, n: int, size: tuple[int, int] = 
     root), sorted: the names scan_folder gives them."""
     from PIL import Image, ImageDraw
 
+    if layout in EDIT_LAYOUTS:
+        return write_edit_pairs(root, layout, n, size)
     if layout not in ("metadata.json", "metadata.jsonl", "captions.txt"):
-        raise FluxClusterError(f"--layout {layout!r}: expected metadata.json, metadata.jsonl or captions.txt")
+        raise FluxClusterError(
+            f"--layout {layout!r}: expected metadata.json, metadata.jsonl, captions.txt, "
+            f"{' or '.join(EDIT_LAYOUTS)}"
+        )
     root.mkdir(parents=True, exist_ok=True)
     folder = root / "imgs" if layout == "metadata.json" else root
     folder.mkdir(exist_ok=True)
@@ -52,3 +61,38 @@ def write_image_folder(root: Path, layout: str, n: int, size: tuple[int, int] = 
         raise FluxClusterError(f"--layout {layout!r}: expected metadata.json, metadata.jsonl or captions.txt")
     prefix = "imgs/" if layout == "metadata.json" else ""
     return sorted(prefix + file for file, _ in records)
+
+
+def write_edit_pairs(root: Path, layout: str, n: int, size: tuple[int, int] = (48, 40)) -> list[str]:
+    """n edit pairs: a control (write_image_folder's picture, JPEG), its target (the picture flipped upside
+    down, PNG) and the prompt "turn the red square 3 upside down"; "edit-pairs": control_images/ and
+    training_images/ with NAME.txt, "edit-pairs.jsonl": a metadata.jsonl in the folder. Returns the targets'
+    names (the samples' keys), sorted."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in ("control_images", "training_images"):
+        (root / folder).mkdir(exist_ok=True)
+    pictures = root / ".pictures"
+    names = write_image_folder(pictures, "captions.txt", n, size)
+    records = []
+    for i, name in enumerate(names):
+        stem = f"pair_{i:03d}"
+        with Image.open(pictures / name) as picture:
+            picture.convert("RGB").save(root / "control_images" / f"{stem}.jpg", quality=95)
+            picture.convert("RGB").rotate(180).save(root / "training_images" / f"{stem}.png")
+        caption = (pictures / name).with_suffix(".txt").read_text().strip()
+        records.append((stem, f"turn the {caption.removeprefix('a ')} upside down"))
+    for file in pictures.iterdir():
+        file.unlink()
+    pictures.rmdir()
+    if layout == "edit-pairs":
+        for stem, text in records:
+            (root / "training_images" / f"{stem}.txt").write_text(text + "\n")
+    else:
+        paths = [
+            (f"control_images/{stem}.jpg", f"training_images/{stem}.png", text) for stem, text in records
+        ]
+        lines = [json.dumps({"control_file_name": c, "file_name": f, "text": t}) for c, f, t in paths]
+        (root / "metadata.jsonl").write_text("".join(line + "\n" for line in lines))
+    return sorted(f"training_images/{stem}.png" for stem, _ in records)

@@ -35,6 +35,7 @@ from rich.console import Console
 
 from flux_cluster.atomic import write_atomic
 from flux_cluster.data.format import (
+    CONTROL_COLUMN,
     EMPTY_DIR,
     KEY_COLUMN,
     SOURCE_DIRS,
@@ -43,14 +44,8 @@ from flux_cluster.data.format import (
     Split,
     encode_tensor,
 )
-from flux_cluster.data.prep.image_folder import (
-    MAX_DECODE_BYTES,
-    ImageFolderError,
-    ImageRecord,
-    load_image,
-    scan_folder,
-    to_pixels,
-)
+from flux_cluster.data.prep.edit_pairs import EditPair, load_pixels, record_files, scan_images, split_pixels
+from flux_cluster.data.prep.image_folder import MAX_DECODE_BYTES, ImageFolderError, ImageRecord
 from flux_cluster.data.prep.progress import StageProgress
 from flux_cluster.data.prep.synthetic import (
     ENCODED_MARKER,
@@ -156,11 +151,13 @@ def encoding_key(options: EncodeOptions, model_fingerprint: str) -> str:
 
 
 def _digest(record: ImageRecord, root: Path) -> str:
-    """sha256 of the image's bytes and caption, read as load_image reads it (a regular file in root)."""
+    """sha256 of the image's bytes (an edit pair's control's too) and caption, read as load_image reads
+    them (regular files in root)."""
     digest = hashlib.sha256()
-    with open_regular(os.path.realpath(record.path), inside=root) as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
+    for path in record_files(record):
+        with open_regular(os.path.realpath(path), inside=root) as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
     digest.update(b"\0" + record.caption.encode())
     return digest.hexdigest()
 
@@ -237,7 +234,7 @@ def split_items(
         if len(val_names) == wanted or len(usable) - len(broken) - len(val_names) < 2:
             break  # val is full, or one more would leave no train image
         try:
-            load_image(record.path, options.resolution, options.images)
+            load_pixels(record, options.resolution, options.images)
             val_names.add(record.name)
         except ImageFolderError as exc:
             _skip(problems, str(exc), options.strict)
@@ -337,7 +334,7 @@ class ChunkEncoder:
 
     def _load(self, item: Item) -> np.ndarray | None:
         try:
-            return to_pixels(load_image(item.record.path, self.options.resolution, self.options.images))
+            return load_pixels(item.record, self.options.resolution, self.options.images)
         except ImageFolderError as exc:
             if self.options.strict:
                 raise
@@ -350,15 +347,18 @@ class ChunkEncoder:
         import torch
 
         pixels = torch.from_numpy(np.stack([p for _, p in batch]))
-        mean, logvar = self.encoders.encode_images(pixels)
+        targets, controls = split_pixels(pixels)  # controls: edit pairs only
+        mean, logvar = self.encoders.encode_images(targets)
         with library_warnings_off():  # a caption cut to max_sequence_length is what that option is for
             t5, clip = self.encoders.encode_captions([item.record.caption for item, _ in batch])
-        tensors = [t.float().cpu().numpy() for t in (t5, clip, mean, logvar)]
+        outputs = (t5, clip, mean, logvar) + (
+            () if controls is None else self.encoders.encode_images(controls)[:1]
+        )
+        tensors = [t.float().cpu().numpy() for t in outputs]
         for index, (item, _) in enumerate(batch):
             row: dict[str, Any] = {KEY_COLUMN: item.record.name}
-            for column, values in zip(
-                ("t5_encodings", "clip_encodings", "mean", "logvar"), tensors, strict=True
-            ):
+            columns = ("t5_encodings", "clip_encodings", "mean", "logvar", CONTROL_COLUMN)
+            for column, values in zip(columns[: len(tensors)], tensors, strict=True):
                 row[column] = encode_tensor(values[index])
             if item.split == "val":
                 row[TIMESTEP_COLUMN] = item.timestep
@@ -373,7 +373,7 @@ def _write_chunk(path: Path, chunk: Chunk, rows: Iterator[dict[str, Any]]) -> in
     """The chunk's Arrow file, written under a temporary name and renamed; returns its rows."""
     import pyarrow as pa
 
-    schema = source_schema(chunk.split)
+    schema = source_schema(chunk.split, control=isinstance(chunk.items[0].record, EditPair))
     temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")
     count = 0
     try:
@@ -400,7 +400,7 @@ class Encoding:
         from flux_cluster.data.prep.encoders import model_fingerprint
 
         self.options, self.console = options, console
-        self.scan = scan_folder(options.images, strict=options.strict)
+        self.scan = scan_images(options.images, strict=options.strict)
         self.fingerprint = model_fingerprint(options.model)
         self.key = encoding_key(options, self.fingerprint)
         try:  # the images the digests and the val decode-check leave out join the scan's problems
@@ -511,7 +511,8 @@ class Encoding:
                 name = f"data-{index:05d}.arrow"
                 os.symlink(self.chunk_path(chunk), directory / name)
                 names.append(name)
-            write_dataset_state(directory, split, names, "flux-cluster-encoded")  # type: ignore[arg-type]
+            control = isinstance(self.items[0].record, EditPair)
+            write_dataset_state(directory, split, names, "flux-cluster-encoded", control)  # type: ignore[arg-type]
         shutil.copytree(self.folder / EMPTY_DIR, staging / EMPTY_DIR)
         marker = {"encoding": self.key, "model_fingerprint": self.fingerprint, "dataset": dataset}
         write_atomic(staging / ENCODED_MARKER, json.dumps(marker, indent=1) + "\n")

@@ -364,8 +364,10 @@ def _add_jsonl_line(reader: _MetadataReader, where: str, raw: bytes | None) -> N
         reader.problems.append(f"{where}: {_json_problem(exc, position=False)}")
 
 
-def _scan_metadata(root: Path, layout: str, problems: list[str]) -> list[ImageRecord]:
-    reader = _MetadataReader(root, layout, problems)
+def _scan_metadata(
+    root: Path, layout: str, problems: list[str], reader_type: type[_MetadataReader] = _MetadataReader
+) -> list[ImageRecord]:
+    reader = reader_type(root, layout, problems)
     (_read_json if layout == "metadata.json" else _read_jsonl)(reader, root / layout)
     for rel, files in _walk(root, problems):
         for file in files:
@@ -407,6 +409,14 @@ def scan_folder(root: Path, *, strict: bool = False) -> FolderScan:
         records, paired = _scan_captions(root, problems)
         if not paired:
             raise _no_layout(root)
+    return finish_scan(root, layout, records, problems, strict)
+
+
+def finish_scan(
+    root: Path, layout: str, records: list[ImageRecord], problems: list[str], strict: bool
+) -> FolderScan:
+    """The scan's result; strict: any skipped item is an error naming the first. No record is an error."""
+    shown = printable(str(root))
     if strict and problems:
         more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
         raise ImageFolderError(f"{shown}: {problems[0]}{more}; strict: expected every item usable")

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flux_cluster.data.format import (
+    CONTROL_COLUMN,
     KEY_COLUMN,
     SOURCE_DIRS,
     TENSOR_COLUMNS,
@@ -41,6 +42,8 @@ class SourceFile:
     rows: int
     batch_rows: tuple[int, ...] = ()
     """Arrow: the length of every record batch, so a row range can be found without reading data."""
+    control: bool = False
+    """Holds an edit pair's control latents (format.CONTROL_COLUMN) besides MLCommons' columns."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class Source:
             lo, hi = max(start - offset, 0), min(stop - offset, source_file.rows)
             if lo < hi:
                 try:
-                    for batch in _batches(source_file, lo, hi, columns, batch_rows):
+                    wanted = columns + [CONTROL_COLUMN] * source_file.control
+                    for batch in _batches(source_file, lo, hi, wanted, batch_rows):
                         yield from _rows_of(batch, self.split)
                 except (pa.ArrowException, OSError) as exc:
                     raise SourceError(f"{source_file.path}: unreadable ({exc})") from None
@@ -116,12 +120,13 @@ def _describe(path: Path, kind: Literal["arrow", "parquet"], split: Split) -> So
         if kind == "parquet":
             parquet = pq.ParquetFile(path)
             _check_schema(parquet.schema_arrow, path, split)
-            return SourceFile(path, kind, parquet.metadata.num_rows)
+            control = CONTROL_COLUMN in parquet.schema_arrow.names
+            return SourceFile(path, kind, parquet.metadata.num_rows, control=control)
         with pa.memory_map(str(path)) as mapped:
             reader = _open_arrow(mapped)
             _check_schema(reader.schema, path, split)
             lengths = tuple(batch.num_rows for batch in _arrow_batches(reader))
-        return SourceFile(path, kind, sum(lengths), lengths)
+        return SourceFile(path, kind, sum(lengths), lengths, CONTROL_COLUMN in reader.schema.names)
     except FileNotFoundError:
         raise SourceError(f"{path}: listed in the dataset but missing") from None
     except (pa.ArrowException, OSError) as exc:
@@ -209,7 +214,8 @@ def _parquet_batches(
 
 def _rows_of(batch: pa.RecordBatch, split: Split) -> Iterator[Row]:
     keys = batch.column(KEY_COLUMN)
-    tensors = {name: batch.column(name) for name in TENSOR_COLUMNS}
+    names = [*TENSOR_COLUMNS, *([CONTROL_COLUMN] if CONTROL_COLUMN in batch.schema.names else [])]
+    tensors = {name: batch.column(name) for name in names}
     timesteps = batch.column(TIMESTEP_COLUMN) if split == "val" else None
     for i in range(batch.num_rows):
         key = keys[i].as_py()

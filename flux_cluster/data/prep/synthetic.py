@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from flux_cluster.atomic import write_atomic
 from flux_cluster.data.format import (
+    CONTROL_COLUMN,
     DIMS,
     EMPTY_DIR,
     EMPTY_FILES,
@@ -145,9 +146,12 @@ def _rows(world: _World, split: Split, count: int, rng: np.random.Generator) -> 
         yield row
 
 
-def source_schema(split: Split) -> pa.Schema:
+def source_schema(split: Split, control: bool = False) -> pa.Schema:
+    """MLCommons' columns; ``control``: with an edit pair's control latents (format.CONTROL_COLUMN)."""
     fields = [pa.field(KEY_COLUMN, pa.string())]
     fields += [pa.field(name, pa.binary()) for name in ("t5_encodings", "clip_encodings", "mean", "logvar")]
+    if control:
+        fields.append(pa.field(CONTROL_COLUMN, pa.binary()))
     if split == "val":
         fields.append(pa.field(TIMESTEP_COLUMN, pa.int32()))
     return pa.schema(fields)
@@ -183,7 +187,9 @@ def _write_split(
         write_dataset_state(directory, split, names, "flux-cluster-synthetic")
 
 
-def write_dataset_state(directory: Path, split: Split, names: list[str], origin: str) -> None:
+def write_dataset_state(
+    directory: Path, split: Split, names: list[str], origin: str, control: bool = False
+) -> None:
     """The rest of an HF save_to_disk folder: state.json (the Arrow files in order) and the features."""
     state = {
         "_data_files": [{"filename": name} for name in names],
@@ -194,7 +200,7 @@ def write_dataset_state(directory: Path, split: Split, names: list[str], origin:
         "_output_all_columns": False,
         "_split": None,
     }
-    schema = source_schema(split)
+    schema = source_schema(split, control)
     features = {field.name: {"dtype": _hf_dtype(field.type), "_type": "Value"} for field in schema}
     write_atomic(directory / "state.json", json.dumps(state, indent=2) + "\n")
     write_atomic(directory / "dataset_info.json", json.dumps({"features": features}, indent=2) + "\n")

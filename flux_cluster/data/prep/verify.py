@@ -20,6 +20,7 @@ from rich.table import Table
 
 from flux_cluster.console import print_table
 from flux_cluster.data.format import (
+    CONTROL_MEMBER,
     DIMS,
     EMPTY_DIR,
     EMPTY_FILES,
@@ -43,6 +44,8 @@ from flux_cluster.errors import FluxClusterError
 
 _SUFFIX_SHAPE_COLUMN = {suffix: column for column, suffix in TENSOR_COLUMNS.items()}
 _MEMBERS = {"json", *_SUFFIX_SHAPE_COLUMN}
+_OPTIONAL = {CONTROL_MEMBER: "mean"}
+"""Members a sample may have (edit pairs), with the column whose shape they share."""
 MAX_SHOWN = 20
 PER_SHARD_SHOWN = 3
 
@@ -118,7 +121,7 @@ def _check_members(
     def close_sample() -> None:
         if current is None:
             return
-        if seen != _MEMBERS:
+        if seen - set(_OPTIONAL) != _MEMBERS:
             missing = ", ".join(sorted(_MEMBERS - seen)) or "-"
             check.problems.append(f"{path}: sample {current}: members missing: {missing}")
         expected = sample_key(first_key + check.samples)
@@ -159,9 +162,9 @@ def _check_payload(
                 check.timesteps[timestep] += 1
         except (ValueError, AttributeError, RecursionError) as exc:  # RecursionError: nested too deeply
             check.problems.append(f"{where}: bad json ({exc})")
-    elif suffix in _SUFFIX_SHAPE_COLUMN:
+    elif suffix in _SUFFIX_SHAPE_COLUMN or suffix in _OPTIONAL:
         try:
-            decode_tensor(data, shapes.get(_SUFFIX_SHAPE_COLUMN[suffix]))
+            decode_tensor(data, shapes.get(_SUFFIX_SHAPE_COLUMN.get(suffix) or _OPTIONAL[suffix]))
         except FormatError as exc:
             check.problems.append(f"{where}: {exc}")
     else:

@@ -171,7 +171,7 @@ def test_a_bad_per_workload_section_is_one_line_naming_file_and_key(
         load_system(str(system))
     message = str(caught.value)
     assert "\n" not in message and "site.yaml" in message and problem in message
-    assert "expected benchmarks.<workload>.<train key> (workloads: finetune, flux1)" in message
+    assert "expected benchmarks.<workload>.<train key> (workloads: finetune, flux1, hf)" in message
 
 
 def test_gpu_systems_default_to_auto_checkpointing_resolved_by_their_gpu_memory() -> None:

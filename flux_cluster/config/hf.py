@@ -1,0 +1,52 @@
+"""The ``hf`` section of a system config: which Hugging Face model, task and data the ``hf`` workload
+(``--set train.benchmark=hf``, configs/benchmarks/hf.yaml) fine-tunes. Only that workload reads it.
+
+The rest of a run's settings come from the ``train`` section as for every workload: ``train.mode``
+(finetune | lora), ``train.parallel`` (ddp | dp | fsdp), ``train.precision`` (fp32 | amp-bf16 | amp-fp16),
+``train.epochs``, ``train.micro_batch_size``, ``train.global_batch_size``, ``train.learning_rate``,
+``train.lora_rank``/``lora_alpha``/``lora_targets``, ``train.log_every_steps``, ``train.tensorboard``.
+Model hubs are never contacted: the model folder and the data are local.
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+HF_BENCHMARK = "hf"
+"""The train.benchmark name of the workload (configs/benchmarks/hf.yaml)."""
+HfTask = Literal["text-classification", "causal-lm", "image-classification"]
+SYNTHETIC = "synthetic"
+"""hf.data's value for random inputs of the model's own shapes (vocabulary, labels, image size)."""
+
+
+class HfConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    model: str | None = None
+    """Local model folder (config.json and weights, as save_pretrained writes it, with its tokenizer or
+    image processor), loaded with AutoModelFor<task> and local_files_only. Needed by train.benchmark hf."""
+    task: HfTask | None = None
+    """'text-classification' (AutoModelForSequenceClassification), 'causal-lm' (AutoModelForCausalLM) or
+    'image-classification' (AutoModelForImageClassification). Needed by train.benchmark hf."""
+    data: str | None = None
+    """Local data: a folder saved by datasets' save_to_disk (a Dataset or a DatasetDict with train and
+    optionally validation/test splits), a .jsonl/.json/.csv/.parquet file or a folder of them (train*/val*/
+    test* files name the splits), an imagefolder (one subfolder per class, or train/ and val/ of those),
+    or 'synthetic': random inputs of the model's shapes. Needed by train.benchmark hf."""
+    seq_len: int = Field(default=128, ge=8, le=1_000_000)
+    """Text tasks: tokens per sample (truncated or padded to it; causal-lm packs the text into blocks of
+    it). The seed's --seq_len."""
+    max_samples: int | None = Field(default=None, ge=1)
+    """Use at most this many train samples (and as many val samples, at most); None: all. The seed's
+    --max_samples."""
+    synthetic_samples: int = Field(default=256, ge=1)
+    """hf.data synthetic: train samples to generate (val: an eighth of them, at least one batch)."""
+    val_fraction: float = Field(default=0.1, ge=0, lt=1)
+    """Share of the train data held out for evaluation when the data has no validation split; 0: no
+    evaluation."""
+    text_column: str = "text"
+    """Text column of a text dataset."""
+    label_column: str = "label"
+    """Label column of a classification dataset (integers, or names mapped to integers in sorted order)."""
+    image_column: str = "image"
+    """Image column of a save_to_disk or Parquet image dataset (imagefolders need none)."""

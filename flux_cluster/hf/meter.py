@@ -1,0 +1,260 @@
+"""The hf workload's figures (seed 002's): samples/s and tokens/s (or images/s), step time, FLOPs per
+step (FlopCounterMode on the real model, once), TFLOP/s and MFU, peak memory, time per epoch and the
+estimated total time. Written as the metrics file's header, step, evaluation and summary lines
+(results/metrics_<i>.jsonl), progress lines and TensorBoard scalars; the file helpers are the FLUX
+loop's (flux_cluster/training/metrics.py)."""
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flux_cluster.atomic import finite_for_json
+from flux_cluster.config.schema import SystemConfig
+from flux_cluster.runtime.dist import DistInfo
+from flux_cluster.training.context import JobContext
+from flux_cluster.training.metrics import end_partial_line, peak_memory_gb, say
+
+FP32_TFLOPS = {"H100": 67.0, "H200": 67.0, "GB200": 80.0, "B200": 80.0, "A100": 19.5, "MI300X": 163.4}
+"""Datasheet dense FP32 (non-tensor-core) peaks by GPU model name, TFLOP/s: plain fp32 training's peak."""
+
+
+def peak_tflops(system: SystemConfig, precision: str, device: torch.device) -> float | None:
+    """The datasheet's dense peak per GPU for the precision (AMP: the system's bf16 peak, fp16's too on
+    these GPUs; fp32: FP32_TFLOPS by gpu_model); None on CPU or an unknown model."""
+    if device.type != "cuda":
+        return None
+    if precision != "fp32":
+        return system.peak_bf16_tflops or None
+    known = [v for name, v in FP32_TFLOPS.items() if name in system.gpu_model.upper().replace("-", "")]
+    return known[0] if known else None
+
+
+def count_flops(step: Any) -> float:
+    """FLOPs of step() (one forward and backward of the real model), by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return float(counter.get_total_flops())
+
+
+def tokens_in(batch: dict[str, torch.Tensor]) -> int | None:
+    """Text batches: the real (unpadded) tokens; images: None."""
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    if "input_ids" in batch:
+        return batch["input_ids"].numel()
+    return None
+
+
+@dataclass
+class HfMeter:
+    """Rank 0 writes; every rank takes part in the collectives (loss and memory reductions)."""
+
+    ctx: JobContext
+    info: DistInfo
+    flops_per_step: float
+    peak: float | None
+    devices: int
+    """GPUs the job holds (plan.world_size): what TFLOP/s per GPU and GPU-hours count."""
+    tb: Any = None
+    started: float = field(default_factory=time.perf_counter)
+    timed_s: float = 0.0
+    timed_steps: int = 0
+    timed_samples: int = 0
+    timed_tokens: int = 0
+    window: list[float] = field(default_factory=lambda: [0.0, 0, 0, 0, 0.0])
+    """[start, steps, samples, tokens, loss sum] of the steps since the last line."""
+    warmed_up: bool = False
+    evals: list[float] = field(default_factory=list)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.info.rank == 0:
+            with self.ctx.metrics_file.open("a") as out:
+                # A run with no timed step has NaN rates: JSON has none, so they go out as null.
+                out.write(json.dumps(finite_for_json(record)) + "\n")
+
+    def header(self, facts: dict[str, Any]) -> None:
+        if self.info.rank == 0:
+            self.ctx.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            end_partial_line(self.ctx.metrics_file)
+        self.write({"world_size": self.devices, "workload": "hf", **facts, "peak_tflops": self.peak})
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self.window = [time.perf_counter(), 0, 0, 0, 0.0]
+
+    def _sync(self) -> float:
+        if self.info.device.type == "cuda":
+            torch.cuda.synchronize(self.info.device)
+        return time.perf_counter()
+
+    def record(
+        self,
+        step: int,
+        epoch: float,
+        loss: torch.Tensor,
+        samples: int,
+        tokens: int | None,
+        lr: float,
+        line: bool,
+    ) -> None:
+        """One optimizer step (samples and tokens: the global batch's); a line every log_every_steps and
+        when line is set. An attempt's first step (allocator and kernel warm-up) is not timed."""
+        if not self.warmed_up:
+            self.warmed_up = True
+            self.window = [self._sync(), 0, 0, 0, 0.0]
+            return
+        self.window[1] += 1
+        self.window[2] += samples
+        self.window[3] += tokens or 0
+        self.window[4] = self.window[4] + loss.detach().double()  # read at the next line: no sync per step
+        if step % self.ctx.plan.train.log_every_steps and not line:
+            return
+        now = self._sync()
+        start, steps, window_samples, window_tokens, loss_sum = self.window
+        elapsed = now - start
+        self.timed_s, self.timed_steps = self.timed_s + elapsed, self.timed_steps + steps
+        self.timed_samples += window_samples
+        self.timed_tokens += window_tokens
+        rates = self._rates(elapsed, steps, window_samples, window_tokens if tokens is not None else None)
+        mean_loss = _mean_over_ranks(float(loss_sum) / steps, self.info)
+        memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
+        record = {
+            "step": step,
+            "epoch": round(epoch, 4),
+            "loss": mean_loss,
+            **rates,
+            "peak_memory_gb": memory,
+        }
+        self.write(record)
+        say(self.info.rank == 0, _progress_line(record, lr, self.train_seconds()))
+        if self.tb is not None:
+            for name, value in (("train/loss", mean_loss), ("train/lr", lr), *_scalars(record)):
+                if value is not None:
+                    self.tb.add_scalar(name, value, step)
+        self.window = [time.perf_counter(), 0, 0, 0, 0.0]
+
+    def _rates(self, seconds: float, steps: int, samples: int, tokens: int | None) -> dict[str, Any]:
+        step_s = seconds / steps if steps else math.nan
+        tflops = self.flops_per_step / step_s / self.devices / 1e12 if steps else math.nan
+        return {
+            "step_seconds": step_s,
+            "samples_per_s": samples / seconds if seconds else math.nan,
+            "tokens_per_s": tokens / seconds if tokens is not None and seconds else None,
+            "tflops_per_s": tflops,
+            "mfu": tflops / self.peak if self.peak else None,
+        }
+
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def pause(self) -> float:
+        return self._sync()
+
+    def resume(self, paused_at: float) -> None:
+        """After an evaluation: its time is not training throughput."""
+        self.window[0] += time.perf_counter() - paused_at
+
+    def record_eval(self, step: int, samples: int, loss: float, epoch: float) -> None:
+        self.evals.append(loss)
+        seconds = self.train_seconds()
+        record = {"step": step, "samples": samples, "eval_loss": loss, "epoch": round(epoch, 4)}
+        self.write({**record, "train_seconds": seconds})
+        say(
+            self.info.rank == 0,
+            f"eval step {step} | epoch {epoch:g} | validation loss {loss:.4f} | {seconds:,.1f} s",
+        )
+        if self.tb is not None:
+            self.tb.add_scalar("eval/loss", loss, step)
+
+    def summary(self, steps: int, samples: int, epochs: float, steps_per_epoch: int, facts: dict) -> None:
+        """The metrics file's last line: finetune's summary keys plus the seed's figures under 'hf'."""
+        timed = self.timed_steps
+        rates = self._rates(
+            self.timed_s, timed, self.timed_samples, self.timed_tokens if facts["seq_len"] else None
+        )
+        step_s = rates["step_seconds"]
+        epoch_s = step_s * steps_per_epoch
+        memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
+        summary = {
+            "images_per_s": rates["samples_per_s"],
+            "step_time_ms": step_s * 1000,
+            "timed_steps": timed,
+            "train_seconds": self.train_seconds(),
+            "epochs": round(epochs, 4),
+            "steps": steps,
+            "samples": samples,
+            "final_eval_loss": self.evals[-1] if self.evals else None,
+            "best_eval_loss": min(self.evals) if self.evals else None,
+            "peak_memory_gb": memory,
+            "world_size": self.devices,
+            "optimizer": "adamw",
+            "hf": {
+                "samples_per_s": rates["samples_per_s"],
+                "tokens_per_s": rates["tokens_per_s"],
+                "flops_per_step": self.flops_per_step,
+                "tflops_per_s": rates["tflops_per_s"],
+                "mfu": rates["mfu"],
+                "epoch_seconds": epoch_s,
+                "estimated_total_seconds": epoch_s * self.ctx.plan.epochs,
+                "epochs": self.ctx.plan.epochs,
+                **{k: facts[k] for k in ("task", "parallel", "precision", "mode", "model")},
+            },
+        }
+        self.write({"summary": summary})
+        say(
+            self.info.rank == 0,
+            f"fine-tuned {facts['model']} ({facts['task']}, {facts['mode']}, {facts['parallel']}, "
+            f"{facts['precision']}): {rates['samples_per_s']:,.1f} samples/s"
+            + (f", {rates['tokens_per_s']:,.0f} tokens/s" if rates["tokens_per_s"] is not None else "")
+            + f", step {step_s * 1000:,.1f} ms, {self.flops_per_step / 1e12:.3g} TFLOPs/step, "
+            f"epoch {epoch_s:,.1f} s (estimated {epoch_s * self.ctx.plan.epochs:,.1f} s for "
+            f"{self.ctx.plan.epochs} epochs), peak memory {memory:.2f} GB",
+        )
+        if self.tb is not None:
+            for name, value in (*summary.items(), *summary["hf"].items()):
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self.tb.add_scalar(f"summary/{name}", value, steps)
+            self.tb.flush()
+
+
+def _scalars(record: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [
+        ("train/samples_per_s", record["samples_per_s"]),
+        ("train/tokens_per_s", record["tokens_per_s"]),
+        ("train/step_time_ms", record["step_seconds"] * 1000),
+        ("train/tflops_per_gpu", record["tflops_per_s"]),
+        ("train/mfu", record["mfu"]),
+        ("train/peak_memory_gb", record["peak_memory_gb"]),
+    ]
+
+
+def _progress_line(record: dict[str, Any], lr: float, seconds: float) -> str:
+    tokens = record["tokens_per_s"]
+    rate = f"{tokens:,.0f} tokens/s" if tokens is not None else f"{record['samples_per_s']:,.1f} images/s"
+    mfu = "n/a" if record["mfu"] is None else f"{record['mfu']:.1%}"
+    return (
+        f"step {record['step']:>6} | epoch {record['epoch']:.2f} | loss {record['loss']:.4f} | "
+        f"{record['samples_per_s']:,.1f} samples/s | {rate} | step {record['step_seconds'] * 1000:,.1f} ms | "
+        f"{record['tflops_per_s']:.3g} TFLOP/s/GPU | MFU {mfu} | lr {lr:.3g} | "
+        f"peak mem {record['peak_memory_gb']:.2f} GB | {seconds:,.1f} s"
+    )
+
+
+def _mean_over_ranks(value: float, info: DistInfo) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=info.device)
+    dist.all_reduce(tensor)
+    return float(tensor.item()) / info.world_size
+
+
+def _max_over_ranks(value: float, info: DistInfo) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=info.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())

@@ -1,0 +1,118 @@
+"""The hf workload's model: AutoModelFor<task> and its tokenizer or image processor from a local folder
+(local_files_only: no hub), LoRA adapters through peft with targets checked against the model."""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flux_cluster.errors import FluxClusterError
+
+AUTO_CLASSES = {
+    "text-classification": "AutoModelForSequenceClassification",
+    "causal-lm": "AutoModelForCausalLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+TARGET_FALLBACK = ("query", "value", "q_proj", "v_proj", "q_lin", "v_lin", "c_attn", "qkv")
+"""Attention projections tried, in order, for an architecture peft has no default targets for (ViT)."""
+HEADS = ("classifier", "score")
+"""Classification heads: new weights, so LoRA trains them whole (peft modules_to_save)."""
+
+
+def _bad_folder(path: Path, task: str, exc: BaseException) -> FluxClusterError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return FluxClusterError(
+        f"hf.model: {path}: expected a local {AUTO_CLASSES[task]} folder (config.json, weights and its "
+        f"{'image processor' if task == 'image-classification' else 'tokenizer'}, as save_pretrained "
+        f"writes): {first}"
+    )
+
+
+def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn.Module:
+    """The model in fp32 (AMP casts in compute). A classification head with fewer labels than the data
+    has is re-made with num_labels (the new head is trained from scratch, as fine-tuning does)."""
+    import transformers
+
+    if not (path / "config.json").is_file():
+        raise _bad_folder(path, task, FileNotFoundError("no config.json"))
+    auto = getattr(transformers, AUTO_CLASSES[task])
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32}
+    try:
+        if num_labels is not None:
+            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+            if config.num_labels < num_labels:
+                kwargs |= {"num_labels": num_labels, "ignore_mismatched_sizes": True}
+        return auto.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _bad_folder(path, task, exc) from None
+
+
+def load_processor(path: Path, task: str) -> Any:
+    """The tokenizer (text tasks) or image processor saved beside the model."""
+    import transformers
+
+    try:
+        if task == "image-classification":
+            return transformers.AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _bad_folder(path, task, exc) from None
+
+
+def leaf_names(model: torch.nn.Module) -> set[str]:
+    """The last component of every module's name (what peft's target_modules match)."""
+    return {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
+
+
+def lora_targets(model: torch.nn.Module, wanted: list[str]) -> list[str]:
+    """The modules that get adapters: wanted checked against the model, or (wanted empty) peft's default
+    targets of the architecture, else the attention projections found by name. One line naming the
+    modules that exist when none match."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    names = leaf_names(model)
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _adaptable(m) and n})
+    if wanted:
+        missing = [t for t in wanted if t.rsplit(".", 1)[-1] not in names]
+        if missing:
+            raise FluxClusterError(
+                f"train.lora_targets: {', '.join(missing)} not in the model "
+                f"({type(model).__name__}); its linear modules: {', '.join(linear)}"
+            )
+        return wanted
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    default = DEFAULTS.get(model_type) or [t for t in TARGET_FALLBACK if t in names]
+    found = [t for t in default if t in names]
+    if not found:
+        raise FluxClusterError(
+            f"train.lora_targets: no default for {model_type or type(model).__name__}; set it to some of "
+            f"its linear modules: {', '.join(linear)}"
+        )
+    return found
+
+
+def _adaptable(module: torch.nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, torch.nn.Linear | Conv1D)
+
+
+def add_lora(model: torch.nn.Module, targets: list[str], rank: int, alpha: float) -> torch.nn.Module:
+    """peft LoRA adapters on targets (the rest frozen); a classification head is trained whole."""
+    from peft import LoraConfig, get_peft_model
+    from transformers.pytorch_utils import Conv1D
+
+    heads = [h for h in HEADS if h in leaf_names(model)]
+    # GPT-2's projections are Conv1D: weights stored (in, out)
+    transposed = any(
+        isinstance(m, Conv1D) and n.rsplit(".", 1)[-1] in targets for n, m in model.named_modules()
+    )
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=targets,
+        modules_to_save=heads or None,
+        fan_in_fan_out=transposed,
+    )
+    return get_peft_model(model, config)

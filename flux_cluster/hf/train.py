@@ -1,0 +1,373 @@
+"""The hf workload's training loop on every rank (``python -m flux_cluster.jobs.train`` calls ``train``
+when the run's plan is of kind 'hf'): a Hugging Face model from a local folder fine-tuned for
+train.epochs on local or synthetic data, with DDP, DataParallel or FSDP, fp32 or AMP, all weights or
+LoRA. It writes what a fine-tuning run writes: the MLPerf-style result log (results/result_<i>.txt,
+division open) and the metrics file with seed 002's figures (flux_cluster/hf/meter.py). No checkpoints:
+a run is a measurement of minutes, started again rather than resumed (train.checkpoint_* and the
+time-limit signal's checkpoint do not apply; a requeued repeat starts over).
+"""
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mlperf_logging.mllog import constants as c
+
+from flux_cluster.config.hf import SYNTHETIC
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.hf.data import Splits, load_data
+from flux_cluster.hf.meter import HfMeter, count_flops, peak_tflops, tokens_in
+from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets
+from flux_cluster.hf.parallel import devices_per_process, wrap
+from flux_cluster.rundir import INTERRUPTED_DIR
+from flux_cluster.runtime.dist import DistInfo, init_distributed
+from flux_cluster.runtime.signals import die_with_parent, under_torchrun
+from flux_cluster.training.context import JobContext
+from flux_cluster.training.metrics import open_tensorboard, say
+from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
+from flux_cluster.training.optimizers import build_optimizer
+
+AMP_DTYPES = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+LOG_PRECISION = {"fp32": "fp32", "amp-bf16": "bfloat16", "amp-fp16": "fp16"}
+"""train.precision as the result log's lowest_numerical_precision_* values."""
+
+
+def train(ctx: JobContext) -> int:
+    """Run one repeat on this rank; returns the process exit code (1 with one line for bad input)."""
+    if under_torchrun():
+        die_with_parent()
+    info = init_distributed(ctx.system.dist_backend)
+    code = run(ctx, info)
+    dist.destroy_process_group()
+    return code
+
+
+def run(ctx: JobContext, info: DistInfo) -> int:
+    """One repeat in a started process group: 0, or 1 with one line for bad input (a model folder, data
+    or LoRA targets that do not fit)."""
+    try:
+        _train(ctx, info)
+    except FluxClusterError as exc:
+        if info.rank == 0:  # every rank reads the same files: one line is enough
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the global batch splits: per process, per micro-batch, over the processes."""
+
+    per_process: int
+    """Samples one process takes per micro-batch (dp: micro_batch_size x its GPUs)."""
+    accumulate: int
+    processes: int
+
+    @classmethod
+    def of(cls, global_batch: int, accumulate: int, processes: int) -> "Batching":
+        return cls(global_batch // (accumulate * processes), accumulate, processes)
+
+
+def shard_order(size: int, rank: int, world: int, epoch: int, seed: int) -> torch.Tensor:
+    """This rank's sample indices for an epoch: one seeded permutation shared by all ranks, dealt out
+    round-robin, cut so every rank has as many."""
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
+    per_rank = size // world
+    return order[rank : per_rank * world : world]
+
+
+def steps_per_epoch(train_samples: int, global_batch: int) -> int:
+    if train_samples < global_batch:
+        raise FluxClusterError(
+            f"train.global_batch_size: the train split has {train_samples} samples, fewer than one global "
+            f"batch ({global_batch}): lower it or use more data (hf.max_samples, hf.synthetic_samples)"
+        )
+    return train_samples // global_batch
+
+
+def _batch(split: dict[str, Any], index: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The samples at index, on the host (images decoded now: flux_cluster/hf/data.py's LazyImages)."""
+    return {key: value[index] for key, value in split.items()}
+
+
+def _on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision in AMP_DTYPES:
+        return torch.autocast(device.type, dtype=AMP_DTYPES[precision])
+    return contextlib.nullcontext()
+
+
+def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str, device: torch.device):
+    with _autocast(precision, device):
+        loss = model(**batch).loss
+    return loss.mean() if loss.dim() else loss  # DataParallel returns one loss per GPU
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
+    """Gradient accumulation: only the last micro-batch reduces gradients (DDP's no_sync, FSDP2's flag)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(sync)
+        yield
+    elif isinstance(model, torch.nn.parallel.DistributedDataParallel) and not sync:
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def _prepare(ctx: JobContext, info: DistInfo) -> tuple[torch.nn.Module, Splits, dict[str, Any]]:
+    """The model (LoRA added, not yet distributed), its data and the run's facts for the header."""
+    hf, cfg = ctx.system.hf, ctx.plan.train
+    assert hf.model is not None and hf.task is not None
+    folder, task = Path(hf.model), hf.task
+    if hf.data == SYNTHETIC:
+        model = load_model(folder, task)
+        data = load_data(hf, task, None, model.config, ctx.seed)
+    else:
+        data = load_data(hf, task, load_processor(folder, task), None, ctx.seed)
+        model = load_model(folder, task, data.num_labels)
+    positions = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None
+    )
+    if task != "image-classification" and positions and hf.seq_len > positions:
+        raise FluxClusterError(
+            f"hf.seq_len: {hf.seq_len} is longer than the {positions} positions of {folder}; "
+            f"expected at most {positions}"
+        )
+    params = sum(p.numel() for p in model.parameters())
+    if cfg.mode == "lora":
+        targets = lora_targets(model, list(cfg.lora_targets))
+        say(info.rank == 0, f"LoRA rank {cfg.lora_rank} on {', '.join(targets)}")
+        model = add_lora(model, targets, cfg.lora_rank, cfg.lora_alpha)
+    facts = {
+        "model": folder.name,
+        "task": task,
+        "parallel": cfg.parallel,
+        "precision": cfg.precision,
+        "mode": cfg.mode,
+        "micro_batch_size": cfg.micro_batch_size,
+        "seq_len": hf.seq_len if task != "image-classification" else None,
+        "params": params,
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+    return model, data, facts
+
+
+def _train(ctx: JobContext, info: DistInfo) -> None:
+    plan, cfg = ctx.plan, ctx.plan.train
+    rank0, device, precision = info.rank == 0, info.device, str(cfg.precision)
+    torch.manual_seed(ctx.seed)
+    if rank0:
+        _set_aside(ctx)
+    mllog = MlperfLog(ctx.result_log, enabled=rank0)
+    model, data, facts = _prepare(ctx, info)
+    batching = Batching.of(plan.global_batch_size, plan.grad_accum_steps, info.world_size)
+    per_epoch = steps_per_epoch(Splits.size(data.train), plan.global_batch_size)
+    mllog.header(_run_facts(ctx, data, per_epoch), ctx.system.mlperf.ruleset, ctx.cache_cleared)
+
+    if cfg.parallel != "fsdp":
+        model.to(device)
+    sample = _on(_batch(data.train, torch.arange(batching.per_process)), device)
+    flops = count_flops(lambda: _loss(model, sample, precision, device).backward())
+    model.zero_grad(set_to_none=True)
+    model = _distribute(model, str(cfg.parallel), info)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer("adamw", params, plan.learning_rate, device)
+    warmup = plan.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+    )
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "amp-fp16")
+    trainer = _Trainer(model, params, optimizer, scaler, batching, precision, device)
+
+    devices = plan.world_size
+    meter = HfMeter(
+        ctx,
+        info,
+        flops * batching.accumulate * batching.processes,
+        peak_tflops(ctx.system, precision, device),
+        devices,
+    )
+    meter.header(
+        {
+            **facts,
+            "flops_per_step": meter.flops_per_step,
+            "processes": info.world_size,
+            "devices_per_process": devices_per_process(str(cfg.parallel), info),
+        }
+    )
+    meter.tb = open_tensorboard(ctx) if rank0 and cfg.tensorboard else None
+    say(
+        rank0,
+        f"{facts['model']} ({facts['task']}, {facts['params'] / 1e6:.2f}M parameters, "
+        f"{facts['trainable_params'] / 1e6:.2f}M trainable), {cfg.mode}, {cfg.parallel} over "
+        f"{info.world_size} process(es), {precision}, global batch {plan.global_batch_size}, "
+        f"{per_epoch} steps/epoch x {plan.epochs} epochs, lr {plan.learning_rate:g}, "
+        f"{flops / 1e9:.3g} GFLOPs per micro-batch",
+    )
+    mllog.end(c.INIT_STOP)
+    mllog.start(c.RUN_START)
+    meter.start()
+    step = samples = 0
+    for epoch in range(plan.epochs):
+        mllog.start(
+            c.BLOCK_START, metadata={"samples_count": per_epoch * plan.global_batch_size, "step": step}
+        )
+        order = shard_order(Splits.size(data.train), info.rank, info.world_size, epoch, ctx.seed)
+        model.train()
+        for index in range(per_epoch):
+            total, tokens = trainer.step(data.train, order, index)
+            scheduler.step()
+            step += 1
+            samples += plan.global_batch_size
+            text = facts["seq_len"] is not None
+            meter.record(
+                step,
+                step / per_epoch,
+                total,
+                plan.global_batch_size,
+                tokens * info.world_size if text else None,
+                scheduler.get_last_lr()[0],
+                index == per_epoch - 1,
+            )
+        mllog.end(c.BLOCK_STOP, metadata={"samples_count": per_epoch * plan.global_batch_size, "step": step})
+        if data.val is not None:
+            paused = meter.pause()
+            loss = _evaluate(
+                model, data.val, batching.per_process, info, precision, mllog, step, samples, epoch + 1
+            )
+            meter.record_eval(step, samples, loss, float(epoch + 1))
+            meter.resume(paused)
+    mllog.run_stop(success=True, samples=samples)
+    mllog.close()
+    meter.summary(step, samples, float(plan.epochs), per_epoch, facts)
+    if meter.tb is not None:
+        meter.tb.close()
+
+
+def _set_aside(ctx: JobContext) -> None:
+    """No checkpoints: a restarted repeat (a requeue) measures again from the start, and an earlier
+    attempt's result log and metrics move to results/interrupted/ (as the FLUX loop moves its logs)."""
+    for path in (ctx.result_log, ctx.metrics_file):
+        if path.exists():
+            folder = path.parent / INTERRUPTED_DIR
+            folder.mkdir(exist_ok=True)
+            path.rename(
+                folder / f"{path.stem}.attempt{len(list(folder.glob(path.stem + '.attempt*')))}{path.suffix}"
+            )
+
+
+def _distribute(model: torch.nn.Module, parallel: str, info: DistInfo) -> torch.nn.Module:
+    if parallel != "fsdp":
+        return wrap(model, parallel, info)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return wrap(model, "fsdp", info, init_device_mesh(info.device.type, (info.world_size,)))
+
+
+@dataclass(frozen=True)
+class _Trainer:
+    """One optimizer step: the micro-batches of this rank's share, AMP, clipping, the (fp16) scaler."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batching: Batching
+    precision: str
+    device: torch.device
+
+    def step(
+        self, split: dict[str, torch.Tensor], order: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, int]:
+        """Step index of the epoch over the samples in order; (mean loss, this rank's tokens)."""
+        b, model = self.batching, self.model
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        tokens = 0
+        for micro in range(b.accumulate):
+            start = (index * b.accumulate + micro) * b.per_process
+            batch = _batch(split, order[start : start + b.per_process])
+            tokens += tokens_in(batch) or 0  # on the host: no device sync
+            batch = _on(batch, self.device)
+            with _gradient_sync(model, micro == b.accumulate - 1):
+                loss = _loss(model, batch, self.precision, self.device)
+                self.scaler.scale(loss / b.accumulate).backward()
+            total += loss.detach() / b.accumulate
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.params, GRADIENT_CLIP_NORM)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return total, tokens
+
+
+def _evaluate(
+    model: torch.nn.Module,
+    val: dict[str, torch.Tensor],
+    batch_size: int,
+    info: DistInfo,
+    precision: str,
+    mllog: MlperfLog,
+    step: int,
+    samples: int,
+    epoch: int,
+) -> float:
+    """The mean loss over val (every rank the same number of batches: FSDP's forward is a collective)."""
+    meta = {"samples_count": samples, "step": step}
+    mllog.start(c.EVAL_START, metadata=meta)
+    model.eval()
+    size = Splits.size(val)
+    order = (
+        shard_order(size, info.rank, info.world_size, 0, 0) if size >= info.world_size else torch.arange(size)
+    )
+    sums = torch.zeros(2, dtype=torch.float64, device=info.device)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            index = order[start : start + batch_size]
+            loss = _loss(model, _on(_batch(val, index), info.device), precision, info.device)
+            sums += torch.stack(
+                [
+                    loss.double() * len(index),
+                    torch.tensor(len(index), dtype=torch.float64, device=info.device),
+                ]
+            )
+    dist.all_reduce(sums)
+    model.train()
+    loss = float(sums[0] / sums[1]) if sums[1] else float("nan")
+    mllog.eval_accuracy(loss, samples, float(epoch))
+    mllog.end(c.EVAL_STOP, metadata=meta)
+    return loss
+
+
+def _run_facts(ctx: JobContext, data: Splits, per_epoch: int) -> RunFacts:
+    plan, cfg, system = ctx.plan, ctx.plan.train, ctx.system
+    precision = LOG_PRECISION[str(cfg.precision)]
+    return RunFacts(
+        submission_org=system.mlperf.submission_org,
+        submission_platform=system.name,
+        global_batch_size=plan.global_batch_size,
+        micro_batch_size=cfg.micro_batch_size,
+        learning_rate=plan.learning_rate,
+        warmup_steps=plan.warmup_steps,
+        train_samples=Splits.size(data.train),
+        eval_samples=Splits.size(data.val),
+        config_filename=ctx.config_filename,
+        division="open",
+        gradient_accumulation_steps=plan.grad_accum_steps,
+        precision_linear=precision,  # type: ignore[arg-type]
+        precision_attn=precision,  # type: ignore[arg-type]
+        precision_comm="fp32",
+        seed=ctx.seed,
+        eval_every_steps=per_epoch,
+        benchmark="hf",
+        optimizer="adamw",
+    )

@@ -1,0 +1,141 @@
+"""Tiny random-init Hugging Face models for the hf workload, loadable offline by the Auto classes.
+
+``bert`` (AutoModelForSequenceClassification, BertTokenizerFast), ``gpt2`` (AutoModelForCausalLM,
+GPT2TokenizerFast) and ``vit`` (AutoModelForImageClassification, ViTImageProcessor): the real models'
+classes and file layout with toy sizes, so the hf workload, its tests and the README run without a
+download. Both tokenizers split any English text (character-level WordPiece; byte-level BPE).
+"""
+
+import json
+import string
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args
+
+import flux_cluster.models.quiet  # noqa: F401  (before transformers: its import-time notices go)
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.models.tiny import _byte_unicode, _check_out, publish_folder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+Kind = Literal["bert", "gpt2", "vit"]
+KINDS: tuple[str, ...] = get_args(Kind)
+
+TASKS: dict[str, str] = {"bert": "text-classification", "gpt2": "causal-lm", "vit": "image-classification"}
+"""The hf.task each tiny model is for."""
+WIDTH = 32
+LAYERS = 2
+HEADS = 4
+MAX_TOKENS = 128
+IMAGE_SIZE = 32
+LABELS = ("negative", "positive")
+"""Text classes; data synth-hf writes the same two."""
+IMAGE_LABELS = ("circle", "square")
+"""Image classes; data synth-hf writes the same two folders."""
+_ENDOFTEXT = "<|endoftext|>"
+
+
+def _bert_vocab() -> list[str]:
+    """BERT's special tokens, then every lowercase-ASCII printable character, typographic punctuation and
+    the pound and euro signs, each with its '##' continuation: any lowercased English word (accents are
+    stripped) splits into characters; other characters become [UNK]."""
+    typographic = "\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00a3\u20ac\u00b0"  # quotes, dashes, ...
+    chars = [c for c in string.printable if not c.isspace() and not c.isupper()] + list(typographic)
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)]
+
+
+def _labels(names: tuple[str, ...]) -> dict[str, object]:
+    return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
+
+
+def _bert(folder: Path) -> "PreTrainedModel":
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    tokens = _bert_vocab()
+    (folder / "vocab.txt").write_text("\n".join(tokens) + "\n")  # bert-base's layout has it too
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=MAX_TOKENS)
+    tokenizer.save_pretrained(folder)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=4 * WIDTH,
+        max_position_embeddings=MAX_TOKENS,
+        pad_token_id=tokenizer.pad_token_id,
+        **_labels(LABELS),
+    )
+    return BertForSequenceClassification(config)
+
+
+def _gpt2(folder: Path) -> "PreTrainedModel":
+    """Byte-level BPE with every byte a token and no merges, as GPT-2's vocab.json + merges.txt; its
+    end-of-text token pads too (GPT-2 has no pad token)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    vocab = {token: i for i, token in enumerate([*_byte_unicode(), _ENDOFTEXT])}
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = GPT2TokenizerFast(
+        vocab=vocab,
+        merges=[],
+        model_max_length=MAX_TOKENS,
+        pad_token=_ENDOFTEXT,
+    )
+    tokenizer.save_pretrained(folder)
+    eos = vocab[_ENDOFTEXT]
+    config = GPT2Config(
+        vocab_size=len(vocab),
+        n_embd=WIDTH,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        n_positions=MAX_TOKENS,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _vit(folder: Path) -> "PreTrainedModel":
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(folder)
+    config = ViTConfig(
+        image_size=IMAGE_SIZE,
+        patch_size=8,
+        hidden_size=WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=4 * WIDTH,
+        **_labels(IMAGE_LABELS),
+    )
+    return ViTForImageClassification(config)
+
+
+_BUILDERS = {"bert": _bert, "gpt2": _gpt2, "vit": _vit}
+
+
+def write_tiny_hf(out: Path, *, kind: Kind, seed: int = 0, force: bool = False) -> Path:
+    """Write a random-init ``kind`` model with its tokenizer or image processor to ``out`` (a new or
+    empty folder; ``force`` replaces a non-empty one) and return it. The same seed writes the same
+    weights."""
+    out = Path(out)
+    if kind not in KINDS:
+        raise FluxClusterError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
+    _check_out(out, force)  # before the slow imports: a mistyped OUT fails at once
+    import torch
+
+    from flux_cluster.models.quiet import no_progress_bars
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def fill(tmp: Path) -> None:
+        with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
+            torch.manual_seed(seed)
+            model = _BUILDERS[kind](tmp)
+        with no_progress_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
+
+    return publish_folder(out, fill)

@@ -1,0 +1,352 @@
+"""A frozen FLUX base in less memory for LoRA (``train.base_precision``): bf16, fp8 or NF4 weights.
+
+Only the frozen linear layers of the transformer change; the LoRA adapters, their float32 master weights,
+their gradients and the optimizer stay as they are. Quantization happens after ``add_lora`` (so peft
+wraps plain ``nn.Linear`` layers and makes its adapters in float32) and before FSDP2 shards the model:
+
+- ``bf16``: every frozen floating-point parameter is stored in ``train.param_dtype``, the dtype FSDP2
+  gathers it in anyway, so the numbers a step computes are unchanged and the float32 copy is gone.
+- ``fp8``: each frozen linear weight becomes float8 e4m3 with one float32 scale per output channel
+  (absmax / 448), dequantized to the compute dtype in the forward. Both are stored as uint8 bytes:
+  FSDP2 casts every floating-point parameter to param_dtype before gathering, which would gather the
+  fp8 weights as bf16, but leaves integer ones alone, so the shards and the all-gathers stay 1 byte per
+  weight (plus 4 per row). Sharded by FSDP2 along the output channels like any parameter.
+- ``nf4``: 4-bit NormalFloat (QLoRA): each row's 64-weight blocks scaled by their absmax and rounded to
+  the nearest of 16 codes, two a byte, with a float32 absmax per block: 0.5625 bytes per weight. The
+  bytes are those of bitsandbytes' ``quantize_4bit(..., quant_type="nf4", blocksize=64)`` exactly (a
+  test compares them), but held in our own uint8 parameters, sharded by FSDP2 along the rows like fp8's,
+  because neither library's NF4 tensor trains with FSDP2 here (both tried, torch 2.13, 2 gloo ranks):
+  bitsandbytes' ``Params4bit`` keeps its absmax in a ``QuantState`` beside the tensor, which FSDP2's
+  per-parameter sharding does not carry: its forward runs and returns wrong numbers (errors larger than
+  the outputs; bitsandbytes supports FSDP1's flat parameters, via ``bnb_4bit_quant_storage``); torchao's
+  ``NF4Tensor`` implements FSDP2's all-gather hooks and trains on 2 gloo ranks, but torch 2.13's FSDP2
+  skips those hooks' all-gather at world size 1 (``fsdp_post_all_gather`` receives one of its three
+  tensors: every one-GPU run, the 24 GB card's case, fails) and it shards only along whole 256-absmax
+  scaler blocks, which small layers do not fill. A layer whose input width is not a multiple of 64 stays
+  in bf16; ``quantize_base`` says how many.
+
+The forward of a quantized layer saves only the quantized weight for the backward pass (which
+dequantizes it again): the bf16 weight is never kept beyond the matmul, with or without activation
+checkpointing. The frozen weights are not in training checkpoints (``Checkpointer(frozen_base=True)``)
+nor in the saved adapter, so resuming re-quantizes the same pretrained weights the same way.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flux_cluster.errors import FluxClusterError
+
+FP8_MAX = 448.0
+"""The largest float8 e4m3 value: each row's absmax maps to it."""
+NF4_BLOCK = 64
+"""Weights per NF4 absmax (QLoRA's and bitsandbytes' block size)."""
+
+
+@dataclass(frozen=True)
+class QuantizedBase:
+    """What ``quantize_base`` did: layers quantized, layers kept, and this rank's parameter bytes."""
+
+    precision: str
+    quantized: int
+    kept: list[str]
+    """Frozen linear layers left in param_dtype (nf4: inputs not a multiple of the block size)."""
+    bytes_before: int
+    bytes_after: int
+
+    def describe(self) -> str:
+        kept = f", {len(self.kept)} unquantized (inputs not a multiple of {NF4_BLOCK})" if self.kept else ""
+        return (
+            f"frozen base {self.precision}: {self.quantized} linear layers quantized{kept}; parameters "
+            f"{self.bytes_before / 1e6:,.2f} MB -> {self.bytes_after / 1e6:,.2f} MB"
+        )
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes this process holds for the model's parameters (DTensors: their local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for param in model.parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        total += local.numel() * local.element_size()
+    return total
+
+
+# ---- fp8: e4m3 weights with per-output-channel float32 scales, stored as bytes
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight [out, in], float32 scales [out, 1]) with weight ~= e4m3 * scale."""
+    weight = weight.detach().float()
+    scale = (weight.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    return (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight in ``dtype`` from its stored bytes (uint8 [out, in] and [out, 4]) or typed tensors."""
+    if data.dtype == torch.uint8:
+        data, scale = data.view(torch.float8_e4m3fn), scale.view(torch.float32)
+    return data.to(dtype) * scale.to(dtype)
+
+
+class _Float8Linear(torch.autograd.Function):
+    """y = x W^T + b with W dequantized from e4m3 on the fly: only the stored bytes are saved for the
+    backward pass, which dequantizes W again for the input's gradient. (One Function per format, with
+    fixed arguments: torch.compile traces these whole, fullgraph.)"""
+
+    @staticmethod
+    def forward(ctx, x, bias, data, scale):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(data, scale)
+        return F.linear(x, dequantize_fp8(data, scale, x.dtype), bias)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        data, scale = ctx.saved_tensors  # once: checkpointing unpacks each saved tensor once
+        return grad @ dequantize_fp8(data, scale, grad.dtype), None, None, None
+
+
+class Float8FrozenLinear(torch.nn.Module):
+    """A frozen linear layer with e4m3 weights and per-output-channel scales (uint8 parameters, so FSDP2
+    neither casts nor gathers them in bf16)."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        data, scale = quantize_fp8(linear.weight)
+        self.weight_fp8 = torch.nn.Parameter(data.view(torch.uint8), requires_grad=False)
+        self.weight_scale = torch.nn.Parameter(scale.view(torch.uint8), requires_grad=False)
+        bias = linear.bias
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return _Float8Linear.apply(x, bias, self.weight_fp8, self.weight_scale)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 per-channel"
+
+
+# ---- nf4: bitsandbytes' 4-bit NormalFloat layout in plain uint8 parameters
+
+NF4_CODE = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+    0.7229568362236023, 1.0,
+)  # fmt: skip
+"""QLoRA's NormalFloat4 code book (normal quantiles, 0 exact), as bitsandbytes has it."""
+
+
+def quantize_nf4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed uint8 [out, in / 2], float32 absmax [out, in / 64]): each 64-weight block of a row divided
+    by its absmax and rounded to the nearest code, two codes a byte, the first in the high nibble
+    (bitsandbytes' quantize_4bit 'nf4' layout, byte for byte)."""
+    rows, cols = weight.shape
+    blocks = weight.detach().float().reshape(rows, cols // NF4_BLOCK, NF4_BLOCK)
+    absmax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    code = torch.tensor(NF4_CODE, device=weight.device)
+    index = torch.bucketize(blocks / absmax, (code[1:] + code[:-1]) / 2).to(torch.uint8).view(rows, -1, 2)
+    return index[..., 0] << 4 | index[..., 1], absmax.view(rows, -1)
+
+
+def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, dtype: torch.dtype):
+    """The weight in ``dtype`` from its packed codes, absmax (float32, or its bytes) and the code book."""
+    if absmax.dtype == torch.uint8:
+        absmax = absmax.view(torch.float32)
+    rows = packed.shape[0]
+    index = torch.stack((packed >> 4, packed & 15), dim=-1).view(rows, absmax.shape[1], NF4_BLOCK)
+    return (code.to(dtype)[index.long()] * absmax.to(dtype).unsqueeze(-1)).view(rows, -1)
+
+
+class _NF4Linear(torch.autograd.Function):
+    """_Float8Linear's NF4 twin."""
+
+    @staticmethod
+    def forward(ctx, x, bias, packed, absmax, code):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(packed, absmax, code)
+        return F.linear(x, dequantize_nf4(packed, absmax, code, x.dtype), bias)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        packed, absmax, code = ctx.saved_tensors
+        return grad @ dequantize_nf4(packed, absmax, code, grad.dtype), None, None, None, None
+
+
+class NF4FrozenLinear(torch.nn.Module):
+    """A frozen linear layer with NF4 weights: packed codes and per-block absmax bytes (uint8 parameters,
+    sharded along rows like any weight), the code book a buffer."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        packed, absmax = quantize_nf4(linear.weight)
+        self.weight_nf4 = torch.nn.Parameter(packed, requires_grad=False)
+        self.weight_absmax = torch.nn.Parameter(absmax.contiguous().view(torch.uint8), requires_grad=False)
+        self.register_buffer("code", torch.tensor(NF4_CODE), persistent=False)
+        bias = linear.bias
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return _NF4Linear.apply(x, bias, self.weight_nf4, self.weight_absmax, self.code)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, nf4 blocks of {NF4_BLOCK}"
+
+
+# ---- the model
+
+
+def frozen_linears(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, str, torch.nn.Linear]]:
+    """(name, parent, attribute, layer) of every plain frozen nn.Linear: peft's base layers included, its
+    adapters (lora_A, lora_B: frozen too when a model is served) not."""
+    for parent_name, parent in list(model.named_modules()):
+        if "lora_" in parent_name:
+            continue
+        for attribute, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and not child.weight.requires_grad:
+                yield f"{parent_name}.{attribute}".lstrip("."), parent, attribute, child
+
+
+def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) -> QuantizedBase:
+    """Store the frozen weights of ``model`` at ``precision`` in place, before FSDP2 shards it; trainable
+    parameters are left alone."""
+    if precision not in ("bf16", "fp8", "nf4"):
+        raise ValueError(f"base precision {precision!r}: expected bf16, fp8 or nf4")
+    before = parameter_bytes(model)
+    quantized, kept = 0, []
+    if precision != "bf16":
+        for name, parent, attribute, linear in frozen_linears(model):
+            layer: torch.nn.Module
+            if precision == "fp8":
+                layer = Float8FrozenLinear(linear, dtype)
+            elif linear.in_features % NF4_BLOCK == 0:
+                layer = NF4FrozenLinear(linear, dtype)
+            else:
+                kept.append(name)
+                continue
+            setattr(parent, attribute, layer)
+            quantized += 1
+    with torch.no_grad():  # everything else frozen: in the compute dtype
+        for param in model.parameters():
+            if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+    return QuantizedBase(precision, quantized, kept, before, parameter_bytes(model))
+
+
+def summary_facts(base: QuantizedBase | None, parameter_bytes: int) -> dict[str, object]:
+    """The fine-tuning summary's facts of the model's storage (the precision ladder's rows): this rank's
+    parameter memory, and for LoRA the frozen base's precision and the layers quantized."""
+    facts: dict[str, object] = {"parameter_gb": parameter_bytes / 1e9}
+    if base is not None:
+        facts |= {"base_precision": base.precision, "base_quantized_layers": base.quantized}
+    return facts
+
+
+# ---- pre-quantized checkpoints (flux-cluster models quantize)
+
+QUANTIZED_WEIGHTS = "flux_cluster_quantized.safetensors"
+"""A pre-quantized transformer's weights (beside its diffusers config.json): the quantized layers' stored
+tensors under their module names, every other weight in bf16, the precision in the file's metadata."""
+
+
+def _quantized_file(path: Path) -> Path | None:
+    for folder in (path / "transformer", path):
+        if (folder / QUANTIZED_WEIGHTS).is_file():
+            return folder / QUANTIZED_WEIGHTS
+    return None
+
+
+def prequantized_precision(path: Path) -> str | None:
+    """'fp8' or 'nf4' for a checkpoint ``save_quantized`` wrote (a pipeline or transformer folder), else
+    None; a file that says neither is one FluxClusterError line."""
+    file = _quantized_file(path)
+    if file is None:
+        return None
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), "pt") as weights:
+            precision = (weights.metadata() or {}).get("base_precision")
+    except (OSError, SafetensorError) as exc:
+        raise FluxClusterError(f"{file}: not a readable safetensors file ({exc})") from None
+    if precision not in ("fp8", "nf4"):
+        raise FluxClusterError(f"{file}: metadata base_precision {precision!r}, expected 'fp8' or 'nf4'")
+    return precision
+
+
+def save_quantized(source: Path, out: Path, precision: str) -> Path:
+    """Write the transformer of the diffusers checkpoint ``source`` with its linear weights quantized as
+    training quantizes them (fp8 or nf4), to the new folder ``out`` (``out/transformer/``): a quarter
+    (nf4) or half (fp8) of bf16 on disk. ``train.pretrained_path`` takes it with the same base_precision."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from flux_cluster.training.model import load_pretrained
+
+    if precision not in ("fp8", "nf4"):
+        raise FluxClusterError(f"--precision {precision!r}: expected fp8 or nf4")
+    if out.exists():
+        raise FluxClusterError(f"{out}: exists; choose a new folder")
+    try:
+        model = load_pretrained(source).requires_grad_(False)
+    except (OSError, ValueError) as exc:
+        raise FluxClusterError(f"{source}: not a loadable diffusers FLUX checkpoint ({exc})") from None
+    quantize_base(model, precision, torch.bfloat16)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / "transformer").mkdir(parents=True)
+    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    metadata = {"base_precision": precision, "block": str(NF4_BLOCK)}
+    save_file(state, partial / "transformer" / QUANTIZED_WEIGHTS, metadata=metadata)
+    model.save_config(partial / "transformer")  # type: ignore[operator]
+    partial.rename(out)
+    return out
+
+
+def load_quantized(path: Path) -> torch.nn.Module:
+    """The transformer of a pre-quantized checkpoint with each quantized weight dequantized to float32:
+    the model load_pretrained gives, on which LoRA is attached, and which ``quantize_base`` then quantizes
+    back to the very bytes stored (fp8: each row's absmax is 448 x its scale; nf4: each block's absmax is
+    a stored code of +-1 times its absmax)."""
+    from diffusers import FluxTransformer2DModel
+    from safetensors.torch import load_file
+
+    file = _quantized_file(path)
+    if file is None:
+        raise FluxClusterError(f"{path}: no {QUANTIZED_WEIGHTS} (flux-cluster models quantize writes one)")
+    with torch.device("meta"):
+        model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(file.parent))
+    state = load_file(file)
+    code = torch.tensor(NF4_CODE)
+    for key in [k for k in state if k.endswith((".weight_fp8", ".weight_nf4"))]:
+        prefix, kind = key.rsplit(".", 1)
+        if kind == "weight_fp8":
+            weight = dequantize_fp8(state.pop(key), state.pop(f"{prefix}.weight_scale"), torch.float32)
+        else:
+            weight = dequantize_nf4(state.pop(key), state.pop(f"{prefix}.weight_absmax"), code, torch.float32)
+        state[f"{prefix}.weight"] = weight
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise FluxClusterError(f"{file}: does not fit its config.json ({str(exc)[:300]})") from None
+    return model
+
+
+def pretrained_base(path: Path, precision: str, mode: str) -> torch.nn.Module | None:
+    """The model of a pre-quantized ``train.pretrained_path`` (None for a plain checkpoint): only for mode
+    'lora' with the base_precision it was quantized at (one FluxClusterError line otherwise)."""
+    stored = prequantized_precision(path)
+    if stored is None:
+        return None
+    if mode != "lora" or precision != stored:
+        raise FluxClusterError(
+            f"train.pretrained_path {path}: a base quantized to {stored}: it trains LoRA adapters with "
+            f"train.base_precision {stored} (got mode {mode!r}, base_precision {precision!r})"
+        )
+    return load_quantized(path)

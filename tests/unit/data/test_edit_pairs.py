@@ -1,0 +1,121 @@
+"""Edit-pair folders (seed 004's layout and a metadata.jsonl): pairs matched by name, every unusable item
+one line naming it, --strict refusing, and both images of a pair loaded for encoding."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from flux_cluster.data.prep.demo_images import write_image_folder
+from flux_cluster.data.prep.edit_pairs import (
+    FOLDER_LAYOUT,
+    JSONL_LAYOUT,
+    EditPair,
+    load_pixels,
+    record_files,
+    scan_images,
+    split_pixels,
+)
+from flux_cluster.data.prep.image_folder import ImageFolderError
+
+
+def _image(path: Path, colour: tuple[int, int, int] = (200, 30, 30)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (24, 20), colour).save(path)
+
+
+def pair_folder(root: Path) -> Path:
+    """Two good pairs (png and jpg controls) and one of each problem."""
+    for stem, suffix in (("a", ".png"), ("b", ".jpg")):
+        _image(root / "control_images" / f"{stem}{suffix}")
+        _image(root / "training_images" / f"{stem}.png", (20, 20, 200))
+        (root / "training_images" / f"{stem}.txt").write_text(f"make {stem} blue\n")
+    _image(root / "control_images" / "lonely.jpg")  # no target
+    _image(root / "training_images" / "orphan.png")  # no control
+    (root / "training_images" / "orphan.txt").write_text("x")
+    _image(root / "control_images" / "mute.png")
+    _image(root / "training_images" / "mute.png")  # no prompt
+    (root / "training_images" / "ghost.txt").write_text("a prompt without a target")
+    (root / "control_images" / "notes.gif").write_bytes(b"GIF89a")
+    return root
+
+
+def test_pairs_are_matched_by_name_and_every_unusable_file_is_one_line(tmp_path: Path) -> None:
+    scan = scan_images(pair_folder(tmp_path / "pairs"))
+    assert scan.layout == FOLDER_LAYOUT
+    assert [(r.name, r.control_name, r.caption) for r in scan.records if isinstance(r, EditPair)] == [
+        ("training_images/a.png", "control_images/a.png", "make a blue"),
+        ("training_images/b.png", "control_images/b.jpg", "make b blue"),
+    ]
+    assert all("\n" not in line for line in scan.problems)
+    expected = {
+        "control_images/lonely.jpg": "no target image",
+        "training_images/orphan.png": "no control image",
+        "training_images/mute.png": "no prompt",
+        "training_images/ghost.txt": "without a target image",
+        "control_images/notes.gif": "unsupported format",
+    }
+    assert len(scan.problems) == len(expected)
+    for file, why in expected.items():
+        assert any(line.startswith(f"{file}: ") and why in line for line in scan.problems), (
+            file,
+            scan.problems,
+        )
+    # The content digest covers both images; pixels are target then control.
+    record = scan.records[0]
+    assert record_files(record) == (record.path, record.control)  # type: ignore[attr-defined]
+    pixels = load_pixels(record, 16, scan.root)
+    assert pixels.shape == (2, 3, 16, 16) and pixels.dtype == np.float32
+    assert pixels[0, 2].mean() > 0.5 > pixels[1, 2].mean()  # the blue target, the red control
+    targets, controls = split_pixels(torch.from_numpy(np.stack([pixels, pixels])))
+    assert targets.shape == controls.shape == (2, 3, 16, 16)
+
+
+def test_strict_refuses_the_first_problem_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ImageFolderError) as raised:
+        scan_images(pair_folder(tmp_path / "pairs"), strict=True)
+    message = str(raised.value)
+    assert "\n" not in message and "strict" in message and "(5 problems in all)" in message
+
+
+def test_metadata_jsonl_pairs_and_their_bad_lines(tmp_path: Path) -> None:
+    root = tmp_path / "jsonl"
+    for stem in ("a", "b"):
+        _image(root / "in" / f"{stem}.jpg")
+        _image(root / "out" / f"{stem}.png")
+    _image(root / "out" / "stray.png")
+    lines = [
+        {"control_file_name": "in/a.jpg", "file_name": "out/a.png", "text": "edit a"},
+        {"control_file_name": "in/b.jpg", "file_name": "out/b.png", "text": "edit b"},
+        {"file_name": "out/stray.png", "text": "no control"},
+        {"control_file_name": "../escape.png", "file_name": "out/a.png", "text": "outside"},
+        {"control_file_name": "in/missing.jpg", "file_name": "out/b.png", "text": "gone"},
+    ]
+    (root / "metadata.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + "{broken\n")
+    scan = scan_images(root)
+    assert scan.layout == JSONL_LAYOUT
+    assert [(r.name, r.control_name) for r in scan.records] == [  # type: ignore[attr-defined]
+        ("out/a.png", "in/a.jpg"),
+        ("out/b.png", "in/b.jpg"),
+    ]
+    problems = "\n".join(scan.problems)
+    assert "metadata.jsonl line 3: control_file_name" in problems
+    assert "metadata.jsonl line 4 (../escape.png): control image: escapes the folder" in problems
+    assert "metadata.jsonl line 5 (in/missing.jpg): control image: no such file" in problems
+    assert "metadata.jsonl line 6: not valid JSON" in problems
+    assert len(scan.problems) == 4
+
+
+def test_demo_pairs_scan_in_both_layouts_and_captioned_folders_are_unchanged(tmp_path: Path) -> None:
+    for layout, expected in (("edit-pairs", FOLDER_LAYOUT), ("edit-pairs.jsonl", JSONL_LAYOUT)):
+        names = write_image_folder(tmp_path / layout, layout, 3, size=(16, 16))
+        scan = scan_images(tmp_path / layout, strict=True)
+        assert scan.layout == expected and [r.name for r in scan.records] == names
+        assert all(isinstance(r, EditPair) and "upside down" in r.caption for r in scan.records)
+    write_image_folder(tmp_path / "plain", "captions.txt", 2, size=(16, 16))
+    scan = scan_images(tmp_path / "plain", strict=True)
+    assert scan.layout == "captions.txt" and not any(isinstance(r, EditPair) for r in scan.records)
+    assert load_pixels(scan.records[0], 16, scan.root).shape == (3, 16, 16)

@@ -1,0 +1,208 @@
+"""The frozen LoRA base in bf16, fp8 or NF4 (train.base_precision) on one gloo rank: the quantization
+error bounds, the bytes saved once FSDP2 shards it, gradients reaching only the adapters through the
+dequantized weights under checkpointing, 8-bit AdamW stepping them, and the config's refusals."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
+from test_parallelize import one_rank
+
+from flux_cluster.config.training import TrainConfig
+from flux_cluster.config.workload import load_workload
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.training import model as M
+from flux_cluster.training import quantized_base as Q
+from flux_cluster.training.optimizers import build_optimizer
+from flux_cluster.training.parallelize import make_mesh, parallelize
+
+TINY = load_workload("flux1")[0].models["tiny"]
+CPU = torch.device("cpu")
+TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+
+__all__ = ["one_rank"]  # test_parallelize's module fixture: one gloo rank in this process
+
+
+def test_fp8_per_channel_error_is_within_e4m3s_half_step() -> None:
+    generator = torch.Generator().manual_seed(0)
+    # rows of very different scales: one scale per output channel keeps each row's relative error
+    weight = torch.randn(64, 128, generator=generator) * torch.logspace(-3, 1, 64).unsqueeze(1)
+    data, scale = Q.quantize_fp8(weight)
+    assert data.dtype == torch.float8_e4m3fn and scale.shape == (64, 1)
+    back = Q.dequantize_fp8(data.view(torch.uint8), scale.view(torch.uint8), torch.float32)
+    # e4m3 has 3 mantissa bits: relative rounding error <= 2^-4 of normal values; subnormal steps 2^-9 * scale
+    bound = weight.abs() * 2**-4 + scale * 2**-9
+    assert ((back - weight).abs() <= bound + 1e-12).all()
+    assert (back.abs().amax(dim=1) - weight.abs().amax(dim=1)).abs().max() < 1e-6 * weight.abs().max()
+
+
+def test_nf4_is_bitsandbytes_nf4_byte_for_byte_and_within_half_a_code_gap() -> None:
+    import bitsandbytes.functional as bnb
+
+    weight = torch.randn(128, 256, generator=torch.Generator().manual_seed(1))
+    packed, absmax = Q.quantize_nf4(weight)
+    theirs, state = bnb.quantize_4bit(weight, blocksize=Q.NF4_BLOCK, quant_type="nf4")
+    assert torch.equal(packed.view(-1), theirs.view(-1)) and torch.equal(absmax.view(-1), state.absmax)
+    assert packed.shape == (128, 128) and absmax.shape == (128, 4)  # blocks within rows: rows shard
+    back = Q.dequantize_nf4(packed, absmax.view(torch.uint8), torch.tensor(Q.NF4_CODE), torch.float32)
+    assert torch.allclose(back, bnb.dequantize_4bit(theirs, state))
+    error = (back - weight).view(-1, Q.NF4_BLOCK).abs()
+    # NF4's widest gap is -1 .. -0.6962 (its lowest codes)
+    assert (error <= absmax.view(-1, 1) * (1 - 0.6961928) / 2 + 1e-6).all()
+
+
+def lora_model(precision: str, mode: str = "full", seed: int = 0) -> tuple[torch.nn.Module, Q.QuantizedBase]:
+    torch.manual_seed(seed)
+    model = M.build_model(TINY)
+    M.add_lora(model, 4, 4.0, TARGETS)
+    with torch.no_grad():  # B != 0, so the adapters change the output
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    base = Q.quantize_base(model, precision, torch.bfloat16)
+    gpu_like = {"param_dtype": torch.bfloat16, "activation_checkpointing": mode, "compile_blocks": False}
+    parallelize(model, make_mesh(CPU, 1, 1), CPU, **gpu_like)  # type: ignore[arg-type]
+    return model, base
+
+
+def loss_of(model: torch.nn.Module, part: slice = slice(None)) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 16, 8, 8, generator=generator)[part]
+    t = torch.rand(2, generator=generator)[part]
+    t5 = torch.randn(2, 16, TINY.joint_attention_dim, generator=generator)[part]
+    clip = torch.randn(2, TINY.pooled_projection_dim, generator=generator)[part]
+    return F.mse_loss(M.predict_velocity(model, x, t, t5, clip, torch.bfloat16).float(), x)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_a_quantized_base_shards_trains_only_the_adapters_and_saves_its_bytes(precision: str) -> None:
+    reference, bf16 = lora_model("bf16")
+    model, base = lora_model(precision)
+    assert bf16.quantized == 0 and base.quantized > 0
+    # every adapted projection's base layer is quantized (the layers LoRA trains beside)
+    quantized = (Q.Float8FrozenLinear, Q.NF4FrozenLinear)
+    bases = [m.base_layer for m in model.modules() if hasattr(m, "lora_A")]
+    assert bases and all(isinstance(layer, quantized) for layer in bases)
+    # bf16 stores the float32 base in half; fp8 and nf4 save most of the linear weights' bytes again
+    assert bf16.bytes_after < 0.55 * bf16.bytes_before
+    assert base.bytes_after < (0.7 if precision == "fp8" else 0.5) * bf16.bytes_after
+    assert Q.parameter_bytes(model) == pytest.approx(base.bytes_after, rel=0.01)  # FSDP2 keeps the format
+    # the same function: the quantized base's loss is close to the bf16 base's
+    loss, expected = loss_of(model), loss_of(reference)
+    assert loss.item() == pytest.approx(expected.item(), rel=0.05 if precision == "fp8" else 0.15)
+    loss.backward()
+    trained = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert trained and all("lora_" in name for name in trained)
+    assert all(p.grad.abs().sum() > 0 for name, p in model.named_parameters() if "lora_B" in name)
+    assert not any(p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
+
+
+def test_gradient_accumulation_on_an_nf4_base_gives_the_whole_batchs_gradients() -> None:
+    whole, _ = lora_model("nf4")
+    loss_of(whole).backward()
+    accumulated, _ = lora_model("nf4")
+    for micro, part in enumerate((slice(0, 1), slice(1, 2))):  # as train_step: sync on the last only
+        accumulated.set_requires_gradient_sync(micro == 1)  # type: ignore[operator]
+        (loss_of(accumulated, part) / 2).backward()
+    expected = {n: p.grad for n, p in whole.named_parameters() if p.grad is not None}
+    got = {n: p.grad for n, p in accumulated.named_parameters() if p.grad is not None}
+    assert expected.keys() == got.keys() and expected
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name].full_tensor(), grad.full_tensor(), rtol=0.02, atol=1e-5)  # type: ignore[union-attr]
+
+
+def test_the_quantized_forward_keeps_no_bf16_weight_for_the_backward_pass() -> None:
+    linear = torch.nn.Linear(256, 512, bias=False).requires_grad_(False)
+    layer = Q.Float8FrozenLinear(linear, torch.bfloat16)
+    saved: list[torch.Tensor] = []
+    x = torch.randn(4, 256, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = layer(x)
+    assert {t.dtype for t in saved} == {torch.uint8}  # only the e4m3 bytes and their scales
+    out.float().sum().backward()
+    expected = torch.ones(4, 512) @ Q.dequantize_fp8(layer.weight_fp8, layer.weight_scale, torch.float32)
+    assert torch.allclose(x.grad.float(), expected, rtol=2e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_checkpointing_and_8bit_adamw_compose_with_a_quantized_base(precision: str) -> None:
+    model, _ = lora_model(precision, "none")
+    checkpointed, _ = lora_model(precision, "full")
+    loss, again = loss_of(model), loss_of(checkpointed)
+    loss.backward()
+    again.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    wrapped = {n.replace("._checkpoint_wrapped_module", ""): p for n, p in checkpointed.named_parameters()}
+    assert grads
+    for name, grad in grads.items():
+        assert torch.equal(grad.full_tensor(), wrapped[name].grad.full_tensor())  # type: ignore[union-attr]
+    params = [p for p in checkpointed.parameters() if p.requires_grad]
+    before = [p.detach().full_tensor().clone() for p in params]  # type: ignore[attr-defined]
+    build_optimizer("adamw8bit", params, 1e-3, CPU).step()
+    moved = [not torch.equal(b, p.detach().full_tensor()) for b, p in zip(before, params, strict=True)]  # type: ignore[attr-defined]
+    assert any(moved)
+
+
+def config(**fields: object) -> TrainConfig:
+    return TrainConfig(**{"mode": "lora", "pretrained_path": "/x", **fields})  # type: ignore[arg-type]
+
+
+def test_base_precision_and_caption_dropout_in_the_config() -> None:
+    assert config().base_precision == "bf16" and config(base_precision="nf4").base_precision == "nf4"
+    for mode in ("finetune", "pretrain"):
+        with pytest.raises(ValidationError, match="base_precision 'fp8' needs mode 'lora'"):
+            config(mode=mode, base_precision="fp8")
+    with pytest.raises(ValidationError, match="base_precision"):
+        config(base_precision="int4")
+    # caption_dropout is the documented name; cfg_dropout its older one
+    assert config().caption_dropout_rate == 0.1
+    assert config(caption_dropout=0.3).caption_dropout_rate == 0.3
+    assert config(cfg_dropout=0.2).caption_dropout_rate == 0.2
+    assert config(cfg_dropout=0.2, caption_dropout=0.2).caption_dropout_rate == 0.2
+    with pytest.raises(ValidationError, match=r"caption_dropout 0\.3 and cfg_dropout 0\.2 are one setting"):
+        config(cfg_dropout=0.2, caption_dropout=0.3)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_a_pre_quantized_checkpoint_loads_to_the_bytes_quantizing_at_load_makes(
+    precision: str, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from flux_cluster.cli import app
+
+    torch.manual_seed(0)
+    M.build_model(TINY).save_pretrained(tmp_path / "plain")
+    out = tmp_path / precision
+    result = CliRunner().invoke(
+        app, ["models", "quantize", str(tmp_path / "plain"), str(out), "--precision", precision]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"--set train.base_precision={precision}" in result.output
+    assert Q.prequantized_precision(out) == precision and Q.prequantized_precision(tmp_path / "plain") is None
+    stored = load_file(out / "transformer" / Q.QUANTIZED_WEIGHTS)
+    on_disk = sum(t.numel() * t.element_size() for t in stored.values())
+    assert on_disk < (0.6 if precision == "fp8" else 0.35) * sum(
+        p.numel() * 2 for p in M.load_pretrained(tmp_path / "plain").parameters()
+    )
+    # the training path: dequantized, LoRA attached, quantized again: the very bytes stored
+    model = Q.pretrained_base(out, precision, "lora")
+    assert model is not None
+    M.add_lora(model, 4, 4.0, TARGETS)
+    Q.quantize_base(model, precision, torch.bfloat16)
+    again = {k.replace(".base_layer", ""): v for k, v in model.state_dict().items() if "lora_" not in k}
+    assert again.keys() == stored.keys()
+    assert all(torch.equal(again[k], stored[k]) for k in stored)
+    with pytest.raises(
+        FluxClusterError, match=f"a base quantized to {precision}: .*train.base_precision {precision}"
+    ):
+        Q.pretrained_base(out, "bf16", "lora")
+    with pytest.raises(FluxClusterError, match="got mode 'finetune'"):
+        Q.pretrained_base(out, precision, "finetune")
+    again_cli = CliRunner().invoke(
+        app, ["models", "quantize", str(tmp_path / "plain"), str(out), "--precision", precision]
+    )
+    assert again_cli.exit_code == 2 and "exists; choose a new folder" in again_cli.output
