@@ -69,6 +69,8 @@ class _SyntheticBatch:
     logvar: torch.Tensor
     t5: torch.Tensor
     clip: torch.Tensor
+    control: torch.Tensor | None = None
+    """Text-to-image: no edit-pair control latents (train_step reads the field of every batch)."""
 
 
 def synthetic_dims(args: ModelArgs) -> Dims:
@@ -164,7 +166,7 @@ def _facts(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
 
 def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     plan, cfg = job.plan, job.plan.train
-    trainer = build_trainer(plan, info, job.seed, job.system.gpu_memory_gb)
+    trainer = build_trainer(plan, info, job.seed, job.system.gpu_memory_gb, job.data_dir)
     model_args = ModelArgs.of(trainer.model.config)
     if job.data_dir is None:
         dims = synthetic_dims(model_args)
