@@ -78,6 +78,17 @@ def result_log(run_dir: Path, exp: int | str) -> Path:
     return results_dir(run_dir) / f"{RESULT_PREFIX}{exp}.txt"
 
 
+def set_aside_interrupted_log(path: Path) -> None:
+    """Every attempt starts a new result log (one run_start each): an earlier attempt's log at path (or
+    another file of it: the hf workload's metrics) moves to interrupted/ as <stem>.attempt<n><suffix>."""
+    if not path.exists():
+        return
+    folder = path.parent / INTERRUPTED_DIR
+    folder.mkdir(exist_ok=True)
+    attempt = len(list(folder.glob(f"{path.stem}.attempt*{path.suffix}")))
+    path.rename(folder / f"{path.stem}.attempt{attempt}{path.suffix}")
+
+
 def repeat_of(result_log_path: Path) -> str:
     """The <i> of a results/result_<i>.txt name (whatever follows result_), for the files beside it."""
     return result_log_path.stem.removeprefix(RESULT_PREFIX)

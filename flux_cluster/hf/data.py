@@ -164,17 +164,32 @@ def _image_classes(folder: Path, classes: list[str], hf: HfConfig) -> Columns:
 # ---- columns to tensors
 
 
-def label_ids(values: list[Any], where: str) -> tuple[list[int], int]:
-    """Integer labels (names map to integers in sorted order) and how many there are."""
+def label_ids(values: list[Any], where: str, names: dict[str, int] | None = None) -> tuple[list[int], int]:
+    """Integer labels and how many there are. Names map to integers in sorted order: names, the map of
+    every split (label_names), so that train and val number them alike; else these values' own."""
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         if any(v < 0 for v in values):
             raise FluxClusterError(f"hf.data: {where}: labels must be 0 or more")
         return list(values), (max(values) + 1 if values else 0)
     if all(isinstance(v, str) for v in values):
-        names = sorted(set(values))
-        index = {name: i for i, name in enumerate(names)}
-        return [index[v] for v in values], len(names)
+        index = names if names is not None else label_names([values])
+        return [index[v] for v in values], len(index)
     raise FluxClusterError(f"hf.data: {where}: labels must be all integers or all names")
+
+
+def label_names(splits: list[list[Any]]) -> dict[str, int]:
+    """The label names of all the splits numbered in sorted order (integers among them are ignored:
+    label_ids refuses a mix)."""
+    names = sorted({v for values in splits for v in values if isinstance(v, str)})
+    return {name: i for i, name in enumerate(names)}
+
+
+def shuffled(columns: Columns, seed: int) -> Columns:
+    """The rows in one seeded order: files are often sorted by label (imdb, an imagefolder), so cutting
+    hf.max_samples or holding out the last rows would otherwise take one class."""
+    size = len(next(iter(columns.values()), []))
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(seed)).tolist()
+    return {key: [values[i] for i in order] for key, values in columns.items()}
 
 
 def column(columns: Columns, name: str, key: str, where: Path) -> list[Any]:
@@ -192,13 +207,26 @@ def pack_blocks(token_lists: list[list[int]], seq_len: int) -> torch.Tensor:
     return torch.tensor(flat[: blocks * seq_len], dtype=torch.long).view(blocks, seq_len)
 
 
-def _open_image(value: Any) -> Any:
+class SampleError(FluxClusterError):
+    """Bad input that only the rank reading it meets (a corrupt image in its share): that rank says so."""
+
+
+def _open_image(value: Any, where: Path, index: int) -> Any:
     from PIL import Image
 
+    name = f"{where} (sample {index})"
     if isinstance(value, dict):  # datasets' Image feature: {"bytes", "path"}
+        name = str(value.get("path") or name)
         value = io.BytesIO(value["bytes"]) if value.get("bytes") else value.get("path")
-    with Image.open(value) as image:
-        return image.convert("RGB")
+    elif not isinstance(value, bytes):
+        name = str(value)
+    try:
+        with Image.open(value) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # PIL's UnidentifiedImageError too
+        raise SampleError(
+            f"hf.data: {name}: expected an image, cannot be read ({_first_line(exc)})"
+        ) from None
 
 
 class LazyImages:
@@ -206,10 +234,12 @@ class LazyImages:
     large image dataset is not held in memory as pixels; the first image is checked when made."""
 
     def __init__(self, sources: list[Any], processor: Any, where: Path) -> None:
-        self.sources, self.processor = sources, processor
+        self.sources, self.processor, self.where = sources, processor, where
         if sources:
             try:
                 self[torch.arange(1)]
+            except SampleError as exc:  # met by every rank: a plain one-line error
+                raise FluxClusterError(str(exc)) from None
             except (OSError, ValueError) as exc:
                 raise FluxClusterError(
                     f"hf.data: {where}: an image cannot be read ({_first_line(exc)})"
@@ -220,18 +250,26 @@ class LazyImages:
 
     def __getitem__(self, index: slice | torch.Tensor) -> Any:
         if isinstance(index, slice):
-            return LazyImages(self.sources[index], self.processor, Path())
-        images = [_open_image(self.sources[i]) for i in index.tolist()]
+            return LazyImages(self.sources[index], self.processor, self.where)
+        images = [_open_image(self.sources[i], self.where, i) for i in index.tolist()]
         return self.processor(images=images, return_tensors="pt")["pixel_values"]
 
 
-def encode(columns: Columns, task: str, hf: HfConfig, processor: Any, where: Path) -> dict[str, Any]:
-    """One split's columns as the model's input tensors (labels included)."""
+def encode(
+    columns: Columns,
+    task: str,
+    hf: HfConfig,
+    processor: Any,
+    where: Path,
+    names: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """One split's columns (shuffled: the cut to hf.max_samples takes every class) as the model's input
+    tensors, labels included (names: label_names of every split)."""
     if hf.max_samples is not None:
         columns = {k: v[: hf.max_samples] for k, v in columns.items()}
     if task == "image-classification":
         images = LazyImages(column(columns, hf.image_column, "image_column", where), processor, where)
-        labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), str(where))
+        labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), str(where), names)
         return {"pixel_values": images, "labels": torch.tensor(labels, dtype=torch.long)}
     texts = [str(t) for t in column(columns, hf.text_column, "text_column", where)]
     if task == "causal-lm":
@@ -241,7 +279,7 @@ def encode(columns: Columns, task: str, hf: HfConfig, processor: Any, where: Pat
         if not len(blocks):
             raise FluxClusterError(f"hf.data: {where}: fewer than hf.seq_len ({hf.seq_len}) tokens of text")
         return {"input_ids": blocks, "attention_mask": torch.ones_like(blocks), "labels": blocks.clone()}
-    labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), str(where))
+    labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), str(where), names)
     if processor.pad_token is None:  # GPT-2-like tokenizers have none: pad with end-of-text
         processor.pad_token = processor.eos_token
     encoded = processor(
@@ -278,7 +316,8 @@ def _random_labels(model_config: Any, samples: int, generator: torch.Generator) 
 
 
 def hold_out(split: dict[str, torch.Tensor], fraction: float) -> tuple[dict, dict | None]:
-    """(train, val): the last fraction of the samples held out (at least one), or no val for 0."""
+    """(train, val): the last fraction of the samples held out (at least one), or no val for 0. The
+    samples come shuffled (load_data), so the last ones are not one class."""
     size = Splits.size(split)
     held = math.ceil(size * fraction) if fraction else 0
     if not held or held >= size:
@@ -295,9 +334,19 @@ def load_data(hf: HfConfig, task: str, processor: Any, model_config: Any, seed: 
     else:
         path = Path(hf.data)
         train_columns, val_columns = read_splits(path, hf)
-        train = encode(train_columns, task, hf, processor, path)
-        val = encode(val_columns, task, hf, processor, path) if val_columns else None
+        train_columns = shuffled(train_columns, seed)
+        val_columns = shuffled(val_columns, seed + 1) if val_columns else None
+        names = None
+        if task != "causal-lm":
+            names = label_names([c.get(hf.label_column, []) for c in (train_columns, val_columns or {})])
+        train = encode(train_columns, task, hf, processor, path, names)
+        val = encode(val_columns, task, hf, processor, path, names) if val_columns else None
         if val is None:
             train, val = hold_out(train, hf.val_fraction)
-    labels = int(train["labels"].max()) + 1 if task != "causal-lm" and Splits.size(train) else None
-    return Splits(train, val, labels)
+    return Splits(train, val, None if task == "causal-lm" else count_labels(train, val))
+
+
+def count_labels(train: dict[str, Any], val: dict[str, Any] | None) -> int | None:
+    """The labels the model's head needs: the largest in train and val, plus one."""
+    found = [int(s["labels"].max()) + 1 for s in (train, val) if s is not None and Splits.size(s)]
+    return max(found) if found else None

@@ -1,6 +1,7 @@
 """The hf workload's figures (seed 002's): samples/s and tokens/s (or images/s), step time, FLOPs per
-step (FlopCounterMode on the real model, once), TFLOP/s and MFU, peak memory, time per epoch and the
-estimated total time. Written as the metrics file's header, step, evaluation and summary lines
+step (FlopCounterMode on the real model, once), TFLOP/s and MFU, peak memory, time per epoch, the
+estimated total time, GPU-hours and cost (the run's and the estimate's, at system.price_per_gpu_hour:
+training/metrics.py's gpu_cost). Written as the metrics file's header, step, evaluation and summary lines
 (results/metrics_<i>.jsonl), progress lines and TensorBoard scalars; the file helpers are the FLUX
 loop's (flux_cluster/training/metrics.py)."""
 
@@ -17,7 +18,7 @@ from flux_cluster.atomic import finite_for_json
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.runtime.dist import DistInfo
 from flux_cluster.training.context import JobContext
-from flux_cluster.training.metrics import end_partial_line, peak_memory_gb, say
+from flux_cluster.training.metrics import end_partial_line, gpu_cost, peak_memory_gb, say, time_and_cost
 
 FP32_TFLOPS = {"H100": 67.0, "H200": 67.0, "GB200": 80.0, "B200": 80.0, "A100": 19.5, "MI300X": 163.4}
 """Datasheet dense FP32 (non-tensor-core) peaks by GPU model name, TFLOP/s: plain fp32 training's peak."""
@@ -134,9 +135,11 @@ class HfMeter:
             "peak_memory_gb": memory,
         }
         self.write(record)
-        say(self.info.rank == 0, _progress_line(record, lr, self.train_seconds()))
+        so_far, time_scalars = time_and_cost(self.train_seconds(), self.devices, self.price)
+        say(self.info.rank == 0, _progress_line(record, lr, so_far))
         if self.tb is not None:
-            for name, value in (("train/loss", mean_loss), ("train/lr", lr), *_scalars(record)):
+            scalars = (("train/loss", mean_loss), ("train/lr", lr), *_scalars(record), *time_scalars)
+            for name, value in scalars:
                 if value is not None:
                     self.tb.add_scalar(name, value, step)
         self.window = [time.perf_counter(), 0, 0, 0, 0.0]
@@ -154,6 +157,14 @@ class HfMeter:
 
     def train_seconds(self) -> float:
         return time.perf_counter() - self.started
+
+    @property
+    def price(self) -> float:
+        return self.ctx.system.price_per_gpu_hour
+
+    def cost(self, seconds: float) -> tuple[float, float | None]:
+        """(GPU-hours, USD) of seconds on the job's GPUs; USD None without the system's price."""
+        return gpu_cost(seconds, self.devices, self.price)
 
     def pause(self) -> float:
         return self._sync()
@@ -183,11 +194,17 @@ class HfMeter:
         step_s = rates["step_seconds"]
         epoch_s = step_s * steps_per_epoch
         memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
+        seconds, total_s = self.train_seconds(), epoch_s * self.ctx.plan.epochs
+        gpu_hours, usd = self.cost(seconds)
+        total_gpu_hours, total_usd = self.cost(total_s)
         summary = {
             "images_per_s": rates["samples_per_s"],
             "step_time_ms": step_s * 1000,
             "timed_steps": timed,
-            "train_seconds": self.train_seconds(),
+            "train_seconds": seconds,
+            "gpu_hours": gpu_hours,
+            "price_per_gpu_hour": self.price or None,
+            "cost_usd": usd,
             "epochs": round(epochs, 4),
             "steps": steps,
             "samples": samples,
@@ -203,7 +220,9 @@ class HfMeter:
                 "tflops_per_s": rates["tflops_per_s"],
                 "mfu": rates["mfu"],
                 "epoch_seconds": epoch_s,
-                "estimated_total_seconds": epoch_s * self.ctx.plan.epochs,
+                "estimated_total_seconds": total_s,
+                "estimated_gpu_hours": total_gpu_hours,
+                "estimated_cost_usd": total_usd,
                 "epochs": self.ctx.plan.epochs,
                 **{k: facts[k] for k in ("task", "parallel", "precision", "mode", "model")},
             },
@@ -215,8 +234,10 @@ class HfMeter:
             f"{facts['precision']}): {rates['samples_per_s']:,.1f} samples/s"
             + (f", {rates['tokens_per_s']:,.0f} tokens/s" if rates["tokens_per_s"] is not None else "")
             + f", step {step_s * 1000:,.1f} ms, {self.flops_per_step / 1e12:.3g} TFLOPs/step, "
-            f"epoch {epoch_s:,.1f} s (estimated {epoch_s * self.ctx.plan.epochs:,.1f} s for "
-            f"{self.ctx.plan.epochs} epochs), peak memory {memory:.2f} GB",
+            f"epoch {epoch_s:,.1f} s (estimated {total_s:,.1f} s, {total_gpu_hours:.4g} GPU-hours"
+            + (f", ${total_usd:,.2f}" if total_usd is not None else "")
+            + f" for {self.ctx.plan.epochs} epochs), peak memory {memory:.2f} GB; this run "
+            + time_and_cost(seconds, self.devices, self.price)[0],
         )
         if self.tb is not None:
             for name, value in (*summary.items(), *summary["hf"].items()):
@@ -236,7 +257,7 @@ def _scalars(record: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
-def _progress_line(record: dict[str, Any], lr: float, seconds: float) -> str:
+def _progress_line(record: dict[str, Any], lr: float, so_far: str) -> str:
     tokens = record["tokens_per_s"]
     rate = f"{tokens:,.0f} tokens/s" if tokens is not None else f"{record['samples_per_s']:,.1f} images/s"
     mfu = "n/a" if record["mfu"] is None else f"{record['mfu']:.1%}"
@@ -244,7 +265,7 @@ def _progress_line(record: dict[str, Any], lr: float, seconds: float) -> str:
         f"step {record['step']:>6} | epoch {record['epoch']:.2f} | loss {record['loss']:.4f} | "
         f"{record['samples_per_s']:,.1f} samples/s | {rate} | step {record['step_seconds'] * 1000:,.1f} ms | "
         f"{record['tflops_per_s']:.3g} TFLOP/s/GPU | MFU {mfu} | lr {lr:.3g} | "
-        f"peak mem {record['peak_memory_gb']:.2f} GB | {seconds:,.1f} s"
+        f"peak mem {record['peak_memory_gb']:.2f} GB | {so_far}"
     )
 
 

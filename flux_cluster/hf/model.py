@@ -20,7 +20,7 @@ HEADS = ("classifier", "score")
 
 
 def _bad_folder(path: Path, task: str, exc: BaseException) -> FluxClusterError:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    first = _first_line(exc)
     return FluxClusterError(
         f"hf.model: {path}: expected a local {AUTO_CLASSES[task]} folder (config.json, weights and its "
         f"{'image processor' if task == 'image-classification' else 'tokenizer'}, as save_pretrained "
@@ -45,6 +45,23 @@ def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn
         return auto.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad_folder(path, task, exc) from None
+    except RuntimeError as exc:  # transformers' size mismatch (its report goes to the log above)
+        raise FluxClusterError(
+            f"hf.model: {path}: the weights do not have the shapes config.json gives; expected the "
+            f"config.json saved with them ({_first_line(exc)})"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def match_padding(model: torch.nn.Module, pad_token_id: int | None) -> None:
+    """The model pads with its tokenizer's pad token (synthetic data: its end of text): GPT-2-like models
+    have none in their config, and their sequence classification refuses batches of more than one."""
+    config = getattr(model, "config", None)
+    if config is not None and pad_token_id is not None and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = pad_token_id
 
 
 def load_processor(path: Path, task: str) -> Any:
@@ -78,6 +95,13 @@ def lora_targets(model: torch.nn.Module, wanted: list[str]) -> list[str]:
             raise FluxClusterError(
                 f"train.lora_targets: {', '.join(missing)} not in the model "
                 f"({type(model).__name__}); its linear modules: {', '.join(linear)}"
+            )
+        # present but no Linear/Conv1D (a LayerNorm, a whole block): peft would refuse with a traceback
+        other = [t for t in wanted if t.rsplit(".", 1)[-1] not in linear]
+        if other:
+            raise FluxClusterError(
+                f"train.lora_targets: {', '.join(other)} in the model ({type(model).__name__}) but not "
+                f"linear; expected some of its linear modules: {', '.join(linear)}"
             )
         return wanted
     model_type = getattr(getattr(model, "config", None), "model_type", "")

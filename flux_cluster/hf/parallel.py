@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from flux_cluster.errors import FluxClusterError
 from flux_cluster.runtime.dist import DistInfo
 
 
@@ -28,9 +29,39 @@ def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
-def wrap(model: torch.nn.Module, parallel: str, info: DistInfo, mesh: Any = None) -> torch.nn.Module:
+class Autocast(torch.nn.Module):
+    """The module's forward under torch.autocast. DataParallel runs each replica's forward in a worker
+    thread, and autocast's state is per thread (pytorch issue 125186): the caller's amp-bf16 would not
+    reach the replicas, which would run CUDA's default fp16 with no GradScaler. So the replica enters it."""
+
+    def __init__(self, module: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+def check_dp_gpus(gpus_per_node: int, visible: int) -> None:
+    """dp drives the GPUs this process sees; a count unlike the system's would make every figure per GPU
+    (TFLOP/s, MFU, GPU-hours) wrong."""
+    if visible != gpus_per_node:
+        raise FluxClusterError(
+            f"system.gpus_per_node: {gpus_per_node}, but train.parallel=dp's process sees {visible} GPU(s); "
+            f"expected the node's GPUs to match system.gpus_per_node (or CUDA_VISIBLE_DEVICES to)"
+        )
+
+
+def wrap(
+    model: torch.nn.Module,
+    parallel: str,
+    info: DistInfo,
+    mesh: Any = None,
+    amp_dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
     """The model as train.parallel distributes it (already on info.device for ddp and dp; fsdp: sharded
-    over mesh, every rank's device)."""
+    over mesh, every rank's device). amp_dtype: dp's replicas enter autocast themselves (Autocast)."""
     if parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
@@ -39,7 +70,10 @@ def wrap(model: torch.nn.Module, parallel: str, info: DistInfo, mesh: Any = None
         return fully_shard(model, mesh=mesh)
     if parallel == "dp":
         gpus = torch.cuda.device_count() if info.device.type == "cuda" else 0
-        return torch.nn.DataParallel(model, device_ids=list(range(gpus))) if gpus else model
+        if not gpus:
+            return model
+        inner = Autocast(model, info.device.type, amp_dtype) if amp_dtype is not None else model
+        return torch.nn.DataParallel(inner, device_ids=list(range(gpus)))  # GPU only
     if info.world_size == 1:
         return model
     kwargs: dict[str, Any] = {}  # frozen (LoRA) parameters need no gradient: DDP skips them
@@ -49,10 +83,10 @@ def wrap(model: torch.nn.Module, parallel: str, info: DistInfo, mesh: Any = None
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a DDP or DataParallel wrapper (FSDP2 wraps in place)."""
+    """The model inside a DDP or DataParallel wrapper and its Autocast (FSDP2 wraps in place)."""
     if isinstance(model, torch.nn.DataParallel | torch.nn.parallel.DistributedDataParallel):
-        return model.module
-    return model
+        model = model.module
+    return model.module if isinstance(model, Autocast) else model
 
 
 def devices_per_process(parallel: str, info: DistInfo) -> int:

@@ -20,11 +20,11 @@ from mlperf_logging.mllog import constants as c
 
 from flux_cluster.config.hf import SYNTHETIC
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.hf.data import Splits, load_data
+from flux_cluster.hf.data import SampleError, Splits, load_data
 from flux_cluster.hf.meter import HfMeter, count_flops, peak_tflops, tokens_in
-from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets
-from flux_cluster.hf.parallel import devices_per_process, wrap
-from flux_cluster.rundir import INTERRUPTED_DIR
+from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets, match_padding
+from flux_cluster.hf.parallel import check_dp_gpus, devices_per_process, wrap
+from flux_cluster.rundir import set_aside_interrupted_log
 from flux_cluster.runtime.dist import DistInfo, init_distributed
 from flux_cluster.runtime.signals import die_with_parent, under_torchrun
 from flux_cluster.training.context import JobContext
@@ -53,7 +53,8 @@ def run(ctx: JobContext, info: DistInfo) -> int:
     try:
         _train(ctx, info)
     except FluxClusterError as exc:
-        if info.rank == 0:  # every rank reads the same files: one line is enough
+        # every rank reads the same files: one line is enough, but a sample only this rank met is its to say
+        if info.rank == 0 or isinstance(exc, SampleError):
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
@@ -131,10 +132,13 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[torch.nn.Module, Splits, 
     folder, task = Path(hf.model), hf.task
     if hf.data == SYNTHETIC:
         model = load_model(folder, task)
+        match_padding(model, getattr(model.config, "eos_token_id", None))
         data = load_data(hf, task, None, model.config, ctx.seed)
     else:
-        data = load_data(hf, task, load_processor(folder, task), None, ctx.seed)
+        processor = load_processor(folder, task)
+        data = load_data(hf, task, processor, None, ctx.seed)
         model = load_model(folder, task, data.num_labels)
+        match_padding(model, getattr(processor, "pad_token_id", None))  # load_data may have set it
     positions = getattr(model.config, "max_position_embeddings", None) or getattr(
         model.config, "n_positions", None
     )
@@ -166,20 +170,18 @@ def _train(ctx: JobContext, info: DistInfo) -> None:
     plan, cfg = ctx.plan, ctx.plan.train
     rank0, device, precision = info.rank == 0, info.device, str(cfg.precision)
     torch.manual_seed(ctx.seed)
-    if rank0:
-        _set_aside(ctx)
+    if rank0:  # no checkpoints: a restarted repeat (a requeue) measures again from the start
+        for path in (ctx.result_log, ctx.metrics_file):
+            set_aside_interrupted_log(path)
     mllog = MlperfLog(ctx.result_log, enabled=rank0)
     model, data, facts = _prepare(ctx, info)
     batching = Batching.of(plan.global_batch_size, plan.grad_accum_steps, info.world_size)
     per_epoch = steps_per_epoch(Splits.size(data.train), plan.global_batch_size)
     mllog.header(_run_facts(ctx, data, per_epoch), ctx.system.mlperf.ruleset, ctx.cache_cleared)
 
-    if cfg.parallel != "fsdp":
-        model.to(device)
-    sample = _on(_batch(data.train, torch.arange(batching.per_process)), device)
-    flops = count_flops(lambda: _loss(model, sample, precision, device).backward())
-    model.zero_grad(set_to_none=True)
-    model = _distribute(model, str(cfg.parallel), info)
+    if cfg.parallel == "dp" and device.type == "cuda":  # GPU only
+        check_dp_gpus(ctx.system.gpus_per_node, torch.cuda.device_count())
+    model, flops = distribute_and_count(model, data.train, batching, str(cfg.parallel), info, precision)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer("adamw", params, plan.learning_rate, device)
     warmup = plan.warmup_steps
@@ -254,24 +256,35 @@ def _train(ctx: JobContext, info: DistInfo) -> None:
         meter.tb.close()
 
 
-def _set_aside(ctx: JobContext) -> None:
-    """No checkpoints: a restarted repeat (a requeue) measures again from the start, and an earlier
-    attempt's result log and metrics move to results/interrupted/ (as the FLUX loop moves its logs)."""
-    for path in (ctx.result_log, ctx.metrics_file):
-        if path.exists():
-            folder = path.parent / INTERRUPTED_DIR
-            folder.mkdir(exist_ok=True)
-            path.rename(
-                folder / f"{path.stem}.attempt{len(list(folder.glob(path.stem + '.attempt*')))}{path.suffix}"
-            )
+def distribute_and_count(
+    model: torch.nn.Module,
+    split: dict[str, Any],
+    batching: Batching,
+    parallel: str,
+    info: DistInfo,
+    precision: str,
+) -> tuple[torch.nn.Module, float]:
+    """The model on info.device as train.parallel distributes it, and the FLOPs of one of this process's
+    micro-batches (forward and backward) counted once on that device. ddp and dp count on the bare model
+    before wrapping (no collectives; dp: one GPU's micro-batch times its GPUs, not all of them on GPU 0);
+    fsdp counts after fully_shard, on every rank, as its all-gathers are collectives. The count's
+    gradients are dropped and its memory does not count in the run's peak."""
+    device = info.device
+    gpus = devices_per_process(parallel, info)
+    if parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
 
-
-def _distribute(model: torch.nn.Module, parallel: str, info: DistInfo) -> torch.nn.Module:
+        model = wrap(model, "fsdp", info, init_device_mesh(device.type, (info.world_size,)))
+    else:
+        model.to(device)
+    sample = _on(_batch(split, torch.arange(max(batching.per_process // gpus, 1))), device)
+    flops = count_flops(lambda: _loss(model, sample, precision, device).backward()) * gpus
+    model.zero_grad(set_to_none=True)
     if parallel != "fsdp":
-        return wrap(model, parallel, info)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return wrap(model, "fsdp", info, init_device_mesh(info.device.type, (info.world_size,)))
+        model = wrap(model, parallel, info, amp_dtype=AMP_DTYPES.get(precision))
+    if device.type == "cuda":  # GPU only
+        torch.cuda.reset_peak_memory_stats(device)
+    return model, flops
 
 
 @dataclass(frozen=True)

@@ -160,16 +160,11 @@ class Meter:
 
     def cost(self, seconds: float) -> tuple[float, float | None]:
         """(GPU-hours, USD) of training for seconds on every rank; USD None without the system's price."""
-        gpu_hours = seconds / 3600 * self.info.world_size
-        price = self.ctx.system.price_per_gpu_hour
-        return gpu_hours, gpu_hours * price if price else None
+        return gpu_cost(seconds, self.info.world_size, self.ctx.system.price_per_gpu_hour)
 
     def _time_and_cost(self, seconds: float) -> tuple[str, list[tuple[str, float]]]:
         """The run's time, GPU-hours and cost so far, as progress-line text and TensorBoard scalars."""
-        gpu_hours, usd = self.cost(seconds)
-        text = f"{seconds:,.1f} s, {gpu_hours:.3g} GPU-h" + (f", ${usd:,.2f}" if usd is not None else "")
-        scalars = [("time/train_seconds", seconds), ("time/gpu_hours", gpu_hours)]
-        return text, scalars + ([("time/cost_usd", usd)] if usd is not None else [])
+        return time_and_cost(seconds, self.info.world_size, self.ctx.system.price_per_gpu_hour)
 
     def record(
         self,
@@ -363,6 +358,20 @@ class Meter:
                     tb.add_scalar(f"summary/{name}", value, progress.samples)
             tb.add_text("summary", line, progress.samples)
             tb.flush()
+
+
+def gpu_cost(seconds: float, gpus: int, price: float) -> tuple[float, float | None]:
+    """(GPU-hours, USD) of seconds on gpus GPUs; USD None without a price per GPU-hour (0: not set)."""
+    gpu_hours = seconds / 3600 * gpus
+    return gpu_hours, gpu_hours * price if price else None
+
+
+def time_and_cost(seconds: float, gpus: int, price: float) -> tuple[str, list[tuple[str, float]]]:
+    """A run's time, GPU-hours and cost so far, as progress-line text and TensorBoard scalars."""
+    gpu_hours, usd = gpu_cost(seconds, gpus, price)
+    text = f"{seconds:,.1f} s, {gpu_hours:.3g} GPU-h" + (f", ${usd:,.2f}" if usd is not None else "")
+    scalars = [("time/train_seconds", seconds), ("time/gpu_hours", gpu_hours)]
+    return text, scalars + ([("time/cost_usd", usd)] if usd is not None else [])
 
 
 def end_partial_line(path: Path) -> None:

@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from flux_cluster.config.workload import ModelArgs
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.rundir import INTERRUPTED_DIR, lock_repeat, results_dir
+from flux_cluster.rundir import lock_repeat, results_dir
+from flux_cluster.rundir import set_aside_interrupted_log as set_aside_interrupted_log  # the loop's import
 from flux_cluster.runtime.dist import DistInfo
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, from_rank0
 from flux_cluster.training.context import JobContext
@@ -34,16 +35,6 @@ def lock_repeat_or_exit(ctx: JobContext, info: DistInfo) -> IO[str] | None:
     if verdict[0] is not None:
         raise SystemExit(f"error: {verdict[0]}" if info.rank == 0 else 1)
     return lock
-
-
-def set_aside_interrupted_log(result_log: Path) -> None:
-    """Every attempt starts a new result log (one run_start each); an earlier attempt's log moves aside."""
-    if not result_log.exists():
-        return
-    folder = result_log.parent / INTERRUPTED_DIR
-    folder.mkdir(exist_ok=True)
-    attempt = len(list(folder.glob(f"{result_log.stem}.attempt*.txt")))
-    result_log.rename(folder / f"{result_log.stem}.attempt{attempt}.txt")
 
 
 def save_state(
