@@ -39,6 +39,7 @@ from flux_cluster.data.format import (
     EMPTY_FILES,
     TENSOR_COLUMNS,
     Dims,
+    FormatError,
     decode_tensor,
 )
 
@@ -165,6 +166,12 @@ class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, Flux
         return sample
 
     def batch(self, samples: list[FluxSample]) -> FluxBatch:
+        controls = sum(s.control is not None for s in samples)
+        if 0 < controls < len(samples):  # data verify refuses such a dataset; one line, not torch.stack(None)
+            raise FormatError(
+                f"a batch of {', '.join(s.__key__ for s in samples)}: {controls} of {len(samples)} samples "
+                f"have a {CONTROL_MEMBER} (edit pairs); expected every sample or none"
+            )
         return FluxBatch.from_samples(
             samples,
             keys=[s.__key__ for s in samples],
@@ -174,7 +181,7 @@ class FluxTaskEncoder(DefaultTaskEncoder[FluxSample, FluxSample, FluxBatch, Flux
             logvar=torch.stack([s.logvar for s in samples]),
             timestep=torch.tensor([s.timestep for s in samples], dtype=torch.long),
             caption_dropped=torch.tensor([s.caption_dropped for s in samples], dtype=torch.bool),
-            control=torch.stack([s.control for s in samples]) if samples[0].control is not None else None,
+            control=torch.stack([s.control for s in samples]) if controls else None,
         )
 
 

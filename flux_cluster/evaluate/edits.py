@@ -34,10 +34,10 @@ class Edits:
 
 
 def _encode_summary(data_root: Path) -> dict | None:
-    from flux_cluster.data.prep.synthetic import ENCODED_MARKER
+    from flux_cluster.data.prep.encode import SUMMARY_FILE
 
     try:
-        summary = read_json(data_root / ENCODED_MARKER)
+        summary = read_json(data_root / SUMMARY_FILE)
     except OutsideFileError:
         return None
     return summary if isinstance(summary, dict) else None

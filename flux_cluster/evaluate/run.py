@@ -319,15 +319,12 @@ def _val_loss(
 ) -> float:
     """The MLPerf validation loss on the run's val split, as the fine-tuning run computed it."""
     from flux_cluster.data.loader import val_loader
-    from flux_cluster.training.kontext import control_tokens
-    from flux_cluster.training.model import predict_velocity
+    from flux_cluster.training.kontext import velocity_predictor
     from flux_cluster.training.rectified_flow import validation_loss
 
     assert target.data_root is not None
     loss, _ = validation_loss(
-        lambda x_t, t, t5, clip, control=None: predict_velocity(
-            transformer, x_t, t, t5, clip, dtype, target.train_guidance, control_tokens(control)
-        ),
+        velocity_predictor(transformer, dtype, target.train_guidance),
         val_loader(target.data_root, batch_size=4, rank=0, world_size=1),
         device,
     )

@@ -8,10 +8,12 @@ dataset (``data encode`` of a control_images/ folder) gives batches with ``contr
 batches have none and train as before.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
-from flux_cluster.training.model import pack_latents, position_ids
+from flux_cluster.training.model import pack_latents, position_ids, predict_velocity
 
 CONTROL_ID = 1.0
 """ids[..., 0] of the control tokens (diffusers' FluxKontextPipeline.prepare_latents); the target's is 0."""
@@ -36,3 +38,15 @@ def control_tokens(control_mean: torch.Tensor | None) -> tuple[torch.Tensor, tor
         return None
     latents = control_latents(control_mean)
     return pack_latents(latents), control_ids(latents.shape[-2], latents.shape[-1], latents.device)
+
+
+def velocity_predictor(
+    model: torch.nn.Module, dtype: torch.dtype, guidance_scale: float
+) -> Callable[..., torch.Tensor]:
+    """validation_loss's prediction: (x_t, t, t5, clip, control=None) -> velocity, an edit pair's control
+    latents as Kontext's extra tokens (training's evaluation and ``evaluate``'s val loss alike)."""
+
+    def predict(x_t, t, t5, clip, control=None):  # type: ignore[no-untyped-def]
+        return predict_velocity(model, x_t, t, t5, clip, dtype, guidance_scale, control_tokens(control))
+
+    return predict

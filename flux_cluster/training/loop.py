@@ -34,11 +34,11 @@ from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_in
 from flux_cluster.training.attention import attention_backend
 from flux_cluster.training.checkpoint import Checkpointer, step_of
 from flux_cluster.training.context import JobContext, Schedule, eval_policy
-from flux_cluster.training.kontext import control_tokens
+from flux_cluster.training.kontext import control_tokens, velocity_predictor
 from flux_cluster.training.metrics import Meter, Progress, RunClock, open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog
 from flux_cluster.training.model import predict_velocity
-from flux_cluster.training.quantized_base import summary_facts
+from flux_cluster.training.quantized_base import logical_parameter_count, summary_facts
 from flux_cluster.training.rectified_flow import interpolate, sample_latents, validation_loss
 from flux_cluster.training.resume import (
     lock_repeat_or_exit,
@@ -157,7 +157,7 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
         mllog.event("target_accuracy", value=schedule.target)  # no constant for it
 
     # ---- model, sharding, optimizer, data
-    trainer = build_trainer(plan, info, ctx.seed, ctx.system.gpu_memory_gb)
+    trainer = build_trainer(plan, info, ctx.seed, ctx.system.gpu_memory_gb, ctx.data_dir)
     _log_checkpointing(trainer, cfg.activation_checkpointing, mllog, rank0)
     loader = plan_loader(plan, ctx.data_dir, info, ctx.seed)
     generator = step_generator(info, ctx.seed)
@@ -275,7 +275,7 @@ def _meter(ctx: JobContext, info: DistInfo, trainer: Trainer, carried: RunClock)
 def _describe(ctx: JobContext, info: DistInfo, trainer: Trainer, schedule: Schedule) -> str:
     cfg, plan = ctx.plan.train, ctx.plan
     return (
-        f"{cfg.model} ({sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M parameters, "
+        f"{cfg.model} ({logical_parameter_count(trainer.model) / 1e6:.1f}M parameters, "
         f"{len(trainer.params)} trainable tensors), {info.world_size} ranks "
         f"({plan.dp_replicate} x {plan.dp_shard} HSDP), global batch {plan.global_batch_size} = "
         f"{cfg.micro_batch_size} x {info.world_size} x {plan.grad_accum_steps}, "
@@ -346,9 +346,7 @@ def _evaluate(
         world_size=info.world_size,
     )
     loss, _ = validation_loss(
-        lambda x_t, t, t5, clip, control=None: predict_velocity(
-            model, x_t, t, t5, clip, dtype, ctx.plan.train.guidance_scale, control_tokens(control)
-        ),
+        velocity_predictor(model, dtype, ctx.plan.train.guidance_scale),
         batches,
         info.device,
         spare=lambda: next(iter(val_loader(ctx.data_dir, batch_size=1, rank=0, world_size=1))),

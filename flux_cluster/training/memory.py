@@ -117,6 +117,20 @@ class ParameterCounts:
         return self.root + args.num_layers * self.double + args.num_single_layers * self.single
 
 
+BASE_BYTES_PER_PARAM = {"fp8": 1.0, "nf4": 0.5625}
+"""A LoRA run's frozen base per weight (train.base_precision; bf16: the compute dtype's size): fp8's
+per-row scales are negligible, nf4 is half a byte plus a float32 absmax per 64 weights."""
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    """A LoRA run: only its adapters have float32 masters, gradients and AdamW states."""
+
+    rank: int
+    targets: tuple[str, ...]
+    base_precision: str = "bf16"
+
+
 def estimate_memory(
     args: ModelArgs,
     world_size: int,
@@ -128,11 +142,13 @@ def estimate_memory(
     dtype: torch.dtype = torch.bfloat16,
     compiled: bool = True,
     gradients_held: bool = False,
+    lora: LoraShape | None = None,
 ) -> MemoryEstimate:
     """Peak memory of one rank training ``args`` sharded over ``world_size`` ranks, with micro-batch
     ``micro_batch`` and activation checkpointing ``mode`` (parallelize.py's modes), computing in ``dtype``,
     with blocks ``compiled`` (train.compile) or eager. ``gradients_held``: the gradients live through the
-    forward (accumulation over several micro-batches per step), not only from the backward on."""
+    forward (accumulation over several micro-batches per step), not only from the backward on. ``lora``:
+    the frozen base at its precision, 16 bytes per adapter parameter."""
     counts = parameter_counts(args)
     largest_block = max(counts.double, counts.single)
     compute = dtype.itemsize
@@ -151,11 +167,16 @@ def estimate_memory(
         if wrap:  # its backward recomputes what it did not keep, one block at a time
             recomputed = max(recomputed, (block["plain"] - block[wrapping]) * fused)
     activations += recomputed
+    trained, stored = counts.total(args), float(MASTER_BYTES_PER_PARAM * counts.total(args))
+    if lora is not None:
+        trained = adapter_counts(args, lora.rank, lora.targets).total(args)
+        stored = BASE_BYTES_PER_PARAM.get(lora.base_precision, compute) * counts.total(args)
+        stored += MASTER_BYTES_PER_PARAM * trained
     return MemoryEstimate(
-        weights_and_optimizer_gb=MASTER_BYTES_PER_PARAM * counts.total(args) / world_size / GB,
+        weights_and_optimizer_gb=stored / world_size / GB,
         gathered_params_gb=gathered / GB,
         activations_gb=activations / GB,
-        gradients_gb=0.0 if gradients_held else 4 * counts.total(args) / world_size / GB,
+        gradients_gb=0.0 if gradients_held else 4 * trained / world_size / GB,
     )
 
 
@@ -165,6 +186,23 @@ def parameter_counts(args: ModelArgs) -> ParameterCounts:
     double = parameter_count(model.transformer_blocks[0])
     single = parameter_count(model.single_transformer_blocks[0])
     return ParameterCounts(double=double, single=single, root=parameter_count(model) - double - single)
+
+
+@cache
+def adapter_counts(args: ModelArgs, rank: int, targets: tuple[str, ...]) -> ParameterCounts:
+    """LoRA's adapter parameters: rank x (in + out) per linear layer peft targets (names ending so)."""
+    model = _one_block_each(args, torch.float32, "meta")
+
+    def adapters(module: torch.nn.Module) -> int:
+        return sum(
+            rank * (layer.in_features + layer.out_features)
+            for name, layer in module.named_modules()
+            if isinstance(layer, torch.nn.Linear)
+            and any(name == t or name.endswith(f".{t}") for t in targets)
+        )
+
+    double, single = adapters(model.transformer_blocks[0]), adapters(model.single_transformer_blocks[0])
+    return ParameterCounts(double=double, single=single, root=adapters(model) - double - single)
 
 
 @cache
@@ -224,14 +262,15 @@ def model_kept_bytes(
     dtype: torch.dtype,
     device: str = "meta",
 ) -> int:
-    """Bytes a model with one block of each kind keeps for its backward, through the job's loss."""
-    side = math.isqrt(image_tokens)
-    if side * side != image_tokens:
-        raise ValueError(f"image_tokens {image_tokens} is not a square (2x2-packed square latents)")
+    """Bytes a model with one block of each kind keeps for its backward, through the job's loss. The
+    latent is the squarest with ``image_tokens`` 2x2 patches (Kontext's target and control tokens: one
+    twice as wide, a slight overcount of the loss, which sees only the target)."""
+    rows = max(d for d in range(1, math.isqrt(image_tokens) + 1) if image_tokens % d == 0)
+    columns = image_tokens // rows
     model = _one_block_each(args, dtype, device)
     with _StorageTracker() as tracker:
         with _FlashAttention():
-            latents = torch.randn(micro_batch, args.in_channels // 4, 2 * side, 2 * side, device=device)
+            latents = torch.randn(micro_batch, args.in_channels // 4, 2 * rows, 2 * columns, device=device)
             t = torch.rand(micro_batch, device=device)
             t5 = _randn(device, dtype)(micro_batch, text_tokens, args.joint_attention_dim)
             clip = _randn(device, dtype)(micro_batch, args.pooled_projection_dim)
@@ -356,6 +395,7 @@ def choose_checkpointing(
     image_tokens: int = 256,
     text_tokens: int = 256,
     dtype: torch.dtype = torch.bfloat16,
+    lora: LoraShape | None = None,
 ) -> CheckpointingChoice:
     """The mode 'auto' resolves to: the first of AUTO_ORDER whose estimated peak fits ``gpu_memory_gb``
     less AUTO_HEADROOM; 'full' when none does (the least memory there is) or when the GPU's memory is not
@@ -375,6 +415,7 @@ def choose_checkpointing(
             dtype=dtype,
             compiled=compiled,
             gradients_held=gradients_held,
+            lora=lora,
         ).total_gb
         if estimate <= budget:
             return CheckpointingChoice(mode, estimate, budget)
@@ -382,13 +423,19 @@ def choose_checkpointing(
 
 
 def resolve_checkpointing(
-    plan: TrainingPlan, gpu_memory_gb: float | None
+    plan: TrainingPlan, gpu_memory_gb: float | None, tokens: tuple[int, int] | None = None
 ) -> tuple[str, CheckpointingChoice | None]:
     """The mode a run uses, and how 'auto' chose it (None for a configured mode): estimated per rank of
-    the FSDP shard group, gradients held through the forward when several micro-batches make a step."""
+    the FSDP shard group, gradients held through the forward when several micro-batches make a step.
+    ``tokens``: the dataset's (image, text) tokens per sample (Kontext's control tokens included), else
+    flux1's 256 and 256."""
     cfg = plan.train
     if cfg.activation_checkpointing != "auto":
         return cfg.activation_checkpointing, None
+    image_tokens, text_tokens = tokens or (256, 256)
+    lora = (
+        LoraShape(cfg.lora_rank, tuple(cfg.lora_targets), cfg.base_precision) if cfg.mode == "lora" else None
+    )
     choice = choose_checkpointing(
         plan.model_args,
         plan.dp_shard,
@@ -396,6 +443,9 @@ def resolve_checkpointing(
         gpu_memory_gb,
         compiled=cfg.compile,
         gradients_held=plan.grad_accum_steps > 1,
+        image_tokens=image_tokens,
+        text_tokens=text_tokens,
         dtype=getattr(torch, cfg.param_dtype),
+        lora=lora,
     )
     return choice.mode, choice

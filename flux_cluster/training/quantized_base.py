@@ -159,7 +159,7 @@ def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tenso
         absmax = absmax.view(torch.float32)
     rows = packed.shape[0]
     index = torch.stack((packed >> 4, packed & 15), dim=-1).view(rows, absmax.shape[1], NF4_BLOCK)
-    return (code.to(dtype)[index.long()] * absmax.to(dtype).unsqueeze(-1)).view(rows, -1)
+    return (code.to(dtype)[index.int()] * absmax.to(dtype).unsqueeze(-1)).view(rows, -1)
 
 
 class _NF4Linear(torch.autograd.Function):
@@ -238,6 +238,19 @@ def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) ->
     return QuantizedBase(precision, quantized, kept, before, parameter_bytes(model))
 
 
+def logical_parameter_count(model: torch.nn.Module) -> int:
+    """The model's parameters as weights, not as stored elements: a quantized layer counts its
+    in x out weights (and bias), not its packed bytes and scales."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Float8FrozenLinear | NF4FrozenLinear):
+            bias = 0 if module.bias is None else module.bias.numel()
+            total += module.in_features * module.out_features + bias
+        else:
+            total += sum(p.numel() for p in module.parameters(recurse=False))
+    return total
+
+
 def summary_facts(base: QuantizedBase | None, parameter_bytes: int) -> dict[str, object]:
     """The fine-tuning summary's facts of the model's storage (the precision ladder's rows): this rank's
     parameter memory, and for LoRA the frozen base's precision and the layers quantized."""
@@ -252,6 +265,14 @@ def summary_facts(base: QuantizedBase | None, parameter_bytes: int) -> dict[str,
 QUANTIZED_WEIGHTS = "flux_cluster_quantized.safetensors"
 """A pre-quantized transformer's weights (beside its diffusers config.json): the quantized layers' stored
 tensors under their module names, every other weight in bf16, the precision in the file's metadata."""
+
+
+_EXPECTED = "expected the tensors written by flux-cluster models quantize"
+
+
+def _short(exc: BaseException) -> str:
+    """An exception's message on one short line (torch's shape errors list every key)."""
+    return " ".join(str(exc).split())[:300]
 
 
 def _quantized_file(path: Path) -> Path | None:
@@ -273,9 +294,13 @@ def prequantized_precision(path: Path) -> str | None:
         with safe_open(str(file), "pt") as weights:
             precision = (weights.metadata() or {}).get("base_precision")
     except (OSError, SafetensorError) as exc:
-        raise FluxClusterError(f"{file}: not a readable safetensors file ({exc})") from None
+        raise FluxClusterError(
+            f"{file}: not a readable safetensors file ({_short(exc)}); {_EXPECTED}"
+        ) from None
     if precision not in ("fp8", "nf4"):
-        raise FluxClusterError(f"{file}: metadata base_precision {precision!r}, expected 'fp8' or 'nf4'")
+        raise FluxClusterError(
+            f"{file}: metadata base_precision {precision!r}, expected 'fp8' or 'nf4' ({_EXPECTED})"
+        )
     return precision
 
 
@@ -283,10 +308,10 @@ def save_quantized(source: Path, out: Path, precision: str) -> Path:
     """Write the transformer of the diffusers checkpoint ``source`` with its linear weights quantized as
     training quantizes them (fp8 or nf4), to the new folder ``out`` (``out/transformer/``): a quarter
     (nf4) or half (fp8) of bf16 on disk. ``train.pretrained_path`` takes it with the same base_precision."""
-    import shutil
-
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    from flux_cluster.models.tiny import publish_folder
     from flux_cluster.training.model import load_pretrained
 
     if precision not in ("fp8", "nf4"):
@@ -295,46 +320,70 @@ def save_quantized(source: Path, out: Path, precision: str) -> Path:
         raise FluxClusterError(f"{out}: exists; choose a new folder")
     try:
         model = load_pretrained(source).requires_grad_(False)
-    except (OSError, ValueError) as exc:
-        raise FluxClusterError(f"{source}: not a loadable diffusers FLUX checkpoint ({exc})") from None
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise FluxClusterError(
+            f"{source}: not a loadable diffusers FLUX checkpoint ({_short(exc)})"
+        ) from None
     quantize_base(model, precision, torch.bfloat16)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / "transformer").mkdir(parents=True)
-    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-    metadata = {"base_precision": precision, "block": str(NF4_BLOCK)}
-    save_file(state, partial / "transformer" / QUANTIZED_WEIGHTS, metadata=metadata)
-    model.save_config(partial / "transformer")  # type: ignore[operator]
-    partial.rename(out)
-    return out
+
+    def fill(folder: Path) -> None:
+        (folder / "transformer").mkdir()
+        state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        metadata = {"base_precision": precision, "block": str(NF4_BLOCK)}
+        save_file(state, folder / "transformer" / QUANTIZED_WEIGHTS, metadata=metadata)
+        model.save_config(folder / "transformer")  # type: ignore[operator]
+
+    # a unique sibling renamed onto out, files made readable to teammates (safetensors writes 0600)
+    return publish_folder(out, fill)
 
 
 def load_quantized(path: Path) -> torch.nn.Module:
     """The transformer of a pre-quantized checkpoint with each quantized weight dequantized to float32:
     the model load_pretrained gives, on which LoRA is attached, and which ``quantize_base`` then quantizes
     back to the very bytes stored (fp8: each row's absmax is 448 x its scale; nf4: each block's absmax is
-    a stored code of +-1 times its absmax)."""
+    a stored code of +-1 times its absmax). A damaged or foreign checkpoint is one FluxClusterError line."""
     from diffusers import FluxTransformer2DModel
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     file = _quantized_file(path)
     if file is None:
         raise FluxClusterError(f"{path}: no {QUANTIZED_WEIGHTS} (flux-cluster models quantize writes one)")
-    with torch.device("meta"):
-        model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(file.parent))
-    state = load_file(file)
+    config = file.parent / "config.json"
+    try:
+        with torch.device("meta"):
+            model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(file.parent))
+    except (OSError, ValueError, TypeError) as exc:
+        raise FluxClusterError(
+            f"{config}: not a FLUX transformer config ({_short(exc)}); expected the config.json "
+            f"flux-cluster models quantize writes beside {QUANTIZED_WEIGHTS}"
+        ) from None
+    try:
+        state = load_file(file)
+    except (OSError, SafetensorError) as exc:
+        raise FluxClusterError(
+            f"{file}: not a readable safetensors file ({_short(exc)}); {_EXPECTED}"
+        ) from None
     code = torch.tensor(NF4_CODE)
     for key in [k for k in state if k.endswith((".weight_fp8", ".weight_nf4"))]:
         prefix, kind = key.rsplit(".", 1)
-        if kind == "weight_fp8":
-            weight = dequantize_fp8(state.pop(key), state.pop(f"{prefix}.weight_scale"), torch.float32)
-        else:
-            weight = dequantize_nf4(state.pop(key), state.pop(f"{prefix}.weight_absmax"), code, torch.float32)
+        companion = f"{prefix}.weight_scale" if kind == "weight_fp8" else f"{prefix}.weight_absmax"
+        if companion not in state:
+            raise FluxClusterError(f"{file}: {key} without {companion}; {_EXPECTED}")
+        try:
+            if kind == "weight_fp8":
+                weight = dequantize_fp8(state.pop(key), state.pop(companion), torch.float32)
+            else:
+                weight = dequantize_nf4(state.pop(key), state.pop(companion), code, torch.float32)
+        except RuntimeError as exc:
+            raise FluxClusterError(
+                f"{file}: {key} and {companion} do not fit ({_short(exc)}); {_EXPECTED}"
+            ) from None
         state[f"{prefix}.weight"] = weight
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:
-        raise FluxClusterError(f"{file}: does not fit its config.json ({str(exc)[:300]})") from None
+        raise FluxClusterError(f"{file}: does not fit its config.json ({_short(exc)}); {_EXPECTED}") from None
     return model
 
 

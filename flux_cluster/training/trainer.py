@@ -51,14 +51,21 @@ class Trainer:
 
 
 def build_trainer(
-    plan: TrainingPlan, info: DistInfo, seed: int, gpu_memory_gb: float | None = None
+    plan: TrainingPlan,
+    info: DistInfo,
+    seed: int,
+    gpu_memory_gb: float | None = None,
+    data_dir: Path | None = None,
 ) -> Trainer:
     """The model (random init, or pretrained with LoRA adapters), sharded by FSDP2 with checkpointing and
     compile per block, its optimizer and linear warmup. The same on every rank: seeded before init.
-    ``gpu_memory_gb`` (the system's) is what checkpointing 'auto' fits into."""
+    ``gpu_memory_gb`` (the system's) is what checkpointing 'auto' fits into, at ``data_dir``'s tokens."""
     cfg = plan.train
     dtype = getattr(torch, cfg.param_dtype)
-    checkpointing, choice = resolve_checkpointing(plan, gpu_memory_gb)
+    tokens = None  # Kontext's control tokens double the image tokens: 'auto' must count them
+    if cfg.activation_checkpointing == "auto" and data_dir is not None:
+        tokens = sample_tokens(first_val_batch(data_dir))
+    checkpointing, choice = resolve_checkpointing(plan, gpu_memory_gb, tokens)
     torch.manual_seed(seed)  # the same initial weights on every rank
     pretrained = cfg.pretrained_path if cfg.mode != "pretrain" else None
     try:  # a pre-quantized checkpoint (flux-cluster models quantize), dequantized until LoRA is on
@@ -213,13 +220,22 @@ def split_size(root: Path, split: str) -> int | None:
 
 def token_counts(data_dir: Path, args: ModelArgs, model_name: str) -> tuple[int, int]:
     """(image tokens, text tokens) of this dataset, from one val sample, checked against the model."""
-    batch = next(iter(val_loader(data_dir, batch_size=1, rank=0, world_size=1)))
+    batch = first_val_batch(data_dir)
     if batch.t5.shape[-1] != args.joint_attention_dim or batch.clip.shape[-1] != args.pooled_projection_dim:
         raise SystemExit(
             f"{data_dir}: T5 width {batch.t5.shape[-1]} and CLIP width {batch.clip.shape[-1]} do not fit "
             f"model {model_name!r} (joint_attention_dim {args.joint_attention_dim}, "
             f"pooled_projection_dim {args.pooled_projection_dim}); choose another train.model or dataset"
         )
+    return sample_tokens(batch)
+
+
+def first_val_batch(data_dir: Path) -> Any:
+    return next(iter(val_loader(data_dir, batch_size=1, rank=0, world_size=1)))
+
+
+def sample_tokens(batch: Any) -> tuple[int, int]:
+    """(image tokens, text tokens) of a batch's samples: 2x2 latent patches, Kontext's control ones too."""
     height, width = batch.mean.shape[-2:]
     controls = 0 if batch.control is None else batch.control[0, 0].numel() // 4  # edit pairs: Kontext's extra
     return (height // 2) * (width // 2) + controls, batch.t5.shape[1]

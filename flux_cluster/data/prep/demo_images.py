@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flux_cluster.errors import FluxClusterError
 
-EDIT_LAYOUTS = ("edit-pairs", "edit-pairs.jsonl")
+DEMO_EDIT_LAYOUTS = ("edit-pairs", "edit-pairs.jsonl")
 """Edit pairs (flux_cluster.data.prep.edit_pairs): control_images/ + training_images/, or a metadata.jsonl
 with control_file_name."""
 
@@ -30,12 +30,12 @@ def write_image_folder(root: Path, layout: str, n: int, size: tuple[int, int] = 
     root), sorted: the names scan_folder gives them."""
     from PIL import Image, ImageDraw
 
-    if layout in EDIT_LAYOUTS:
+    if layout in DEMO_EDIT_LAYOUTS:
         return write_edit_pairs(root, layout, n, size)
     if layout not in ("metadata.json", "metadata.jsonl", "captions.txt"):
         raise FluxClusterError(
             f"--layout {layout!r}: expected metadata.json, metadata.jsonl, captions.txt, "
-            f"{' or '.join(EDIT_LAYOUTS)}"
+            f"{' or '.join(DEMO_EDIT_LAYOUTS)}"
         )
     root.mkdir(parents=True, exist_ok=True)
     folder = root / "imgs" if layout == "metadata.json" else root

@@ -58,6 +58,8 @@ class ShardCheck:
     nbytes: int = 0
     timesteps: Counter[int] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
+    controls: int = 0
+    """Samples with a control latent (edit pairs): a dataset has one in every sample or in none."""
 
 
 class _HashingReader:
@@ -124,6 +126,7 @@ def _check_members(
         if seen - set(_OPTIONAL) != _MEMBERS:
             missing = ", ".join(sorted(_MEMBERS - seen)) or "-"
             check.problems.append(f"{path}: sample {current}: members missing: {missing}")
+        check.controls += CONTROL_MEMBER in seen
         expected = sample_key(first_key + check.samples)
         if current != expected:
             check.problems.append(f"{path}: sample {current} where {expected} was expected")
@@ -210,7 +213,7 @@ def verify(output: Path, workers: int = 1, console: Console | None = None) -> bo
                 not split_problems and not any(c.problems for c in mine),
             )
         )
-    problems += _root_problems(output, plan)
+    problems += _root_problems(output, plan) + control_problems(output, checks)
     for check in checks:
         problems += check.problems[:PER_SHARD_SHOWN]
         if len(check.problems) > PER_SHARD_SHOWN:
@@ -218,6 +221,18 @@ def verify(output: Path, workers: int = 1, console: Console | None = None) -> bo
             problems.append(f"{path}: {len(check.problems) - PER_SHARD_SHOWN} more problem(s) in this shard")
     _print_summary(console, output, plan, summaries, problems)
     return not problems
+
+
+def control_problems(output: Path, checks: list[ShardCheck]) -> list[str]:
+    """Edit pairs are all or nothing: a batch mixing samples with and without a control latent has
+    nothing to condition some of its samples on."""
+    samples, controls = sum(c.samples for c in checks), sum(c.controls for c in checks)
+    if 0 < controls < samples:
+        return [
+            f"{output}: {controls:,} of {samples:,} samples have a {CONTROL_MEMBER} (edit pairs); "
+            f"expected every sample or none"
+        ]
+    return []
 
 
 def _first_key(plan: ConversionPlan, split: Split, shard: int) -> int:

@@ -119,3 +119,96 @@ def test_demo_pairs_scan_in_both_layouts_and_captioned_folders_are_unchanged(tmp
     scan = scan_images(tmp_path / "plain", strict=True)
     assert scan.layout == "captions.txt" and not any(isinstance(r, EditPair) for r in scan.records)
     assert load_pixels(scan.records[0], 16, scan.root).shape == (3, 16, 16)
+
+
+def _shard(samples: list[bool]) -> bytes:
+    """A tar of encoded-looking samples, each with (True) or without (False) a control latent."""
+    import io
+    import tarfile
+
+    from flux_cluster.data.format import (
+        CONTROL_MEMBER,
+        TENSOR_COLUMNS,
+        encode_tensor,
+        sample_json,
+        sample_key,
+    )
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as archive:
+        for index, control in enumerate(samples):
+            key = sample_key(index)
+            members = {"json": sample_json(key, None)}
+            members |= {
+                suffix: encode_tensor(np.zeros((2, 2), np.float32)) for suffix in TENSOR_COLUMNS.values()
+            }
+            if control:
+                members[CONTROL_MEMBER] = encode_tensor(np.zeros((2, 2), np.float32))
+            for suffix, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{suffix}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("shards", "mixed"),
+    [
+        ([[True, True], [True]], False),
+        ([[False], [False]], False),
+        ([[True, False]], True),
+        ([[True], [False, False]], True),
+    ],
+)
+def test_verify_wants_a_control_latent_in_every_sample_or_in_none(
+    tmp_path: Path, shards: list[list[bool]], mixed: bool
+) -> None:
+    import io
+
+    from flux_cluster.data.prep.verify import ShardCheck, _check_members, _HashingReader, control_problems
+
+    checks, first = [], 0
+    for shard, samples in enumerate(shards):
+        check = ShardCheck("train", shard)
+        reader = _HashingReader(io.BytesIO(_shard(samples)))
+        _check_members(reader, tmp_path / f"{shard}.tar", "train", 0, {}, check, lambda *_: None)
+        assert not check.problems
+        checks.append(check)
+        first += len(samples)
+    problems = control_problems(tmp_path, checks)
+    if mixed:
+        assert problems == [
+            f"{tmp_path}: {sum(map(sum, shards))} of {first} samples have a control.bytes (edit pairs); "
+            "expected every sample or none"
+        ]
+    else:
+        assert problems == []
+
+
+def test_a_batch_mixing_edit_pairs_and_plain_samples_is_the_format_error_in_one_line(tmp_path: Path) -> None:
+    from flux_cluster.data.format import EMPTY_DIR, EMPTY_FILES, FormatError
+    from flux_cluster.data.loader import FluxSample, FluxTaskEncoder
+
+    (tmp_path / EMPTY_DIR).mkdir()
+    for name, shape in zip(EMPTY_FILES, [(1, 4, 8), (1, 8)], strict=True):
+        np.save(tmp_path / EMPTY_DIR / name, np.zeros(shape, np.float16))
+    encoder = FluxTaskEncoder(tmp_path, cfg_dropout=0.0)
+
+    def sample(key: str, control: bool) -> FluxSample:
+        latent = torch.zeros(16, 2, 2, dtype=torch.bfloat16)
+        return FluxSample(
+            __key__=key, __restore_key__=(), t5=torch.zeros(4, 8), clip=torch.zeros(8), mean=latent,
+            logvar=latent, timestep=-1, control=latent if control else None,
+        )  # fmt: skip
+
+    assert encoder.batch([sample("a", True), sample("b", True)]).control.shape == (2, 16, 2, 2)  # type: ignore[union-attr]
+    assert encoder.batch([sample("a", False), sample("b", False)]).control is None
+    for order in (
+        (True, False),
+        (False, True),
+    ):  # the first sample decided: a stack of None, or controls lost
+        with pytest.raises(FormatError) as caught:
+            encoder.batch([sample("a", order[0]), sample("b", order[1])])
+        assert str(caught.value) == (
+            "a batch of a, b: 1 of 2 samples have a control.bytes (edit pairs); expected every sample or none"
+        )

@@ -59,3 +59,8 @@ def test_prediction_is_the_target_tokens_of_the_joint_forward_and_depends_on_the
     assert edit.shape == x_t.shape
     torch.testing.assert_close(edit, M.unpack_latents(out[:, :4], 16, 4, 4))
     assert not torch.allclose(edit, other) and not torch.allclose(edit, plain)
+    # the one prediction training's evaluation and `evaluate` both give validation_loss
+    predict = K.velocity_predictor(model, torch.float32, 3.5)
+    with torch.no_grad():
+        assert torch.equal(predict(x_t, t, t5, clip, control), edit)
+        assert torch.equal(predict(x_t, t, t5, clip), plain)

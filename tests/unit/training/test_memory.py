@@ -135,3 +135,42 @@ def test_auto_checkpointing_without_the_gpus_memory_is_full() -> None:
     """A system without gpu_memory_gb (CPU, local) gets what the default was before 'auto': full."""
     choice = choose_checkpointing(SCHNELL, 8, 16, None)
     assert choice.mode == "full" and "no gpu_memory_gb" in choice.describe()
+
+
+def test_a_lora_runs_estimate_counts_its_base_at_its_precision_and_16_bytes_per_adapter() -> None:
+    from flux_cluster.training.memory import LoraShape, adapter_counts
+    from flux_cluster.training.model import add_lora
+
+    targets = ("to_q", "to_k", "to_v", "to_out.0")
+    model = build_model(TINY, meta_init=True)
+    add_lora(model, 4, 4.0, list(targets))
+    adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert adapter_counts(TINY, 4, targets).total(TINY) == adapters  # what peft adds
+    base = parameter_count(build_model(TINY, meta_init=True))
+    for precision, per_weight in (("bf16", 2), ("fp8", 1), ("nf4", 0.5625)):
+        estimate = estimate_memory(TINY, 2, 1, "full", lora=LoraShape(4, targets, precision))
+        assert estimate.weights_and_optimizer_gb == pytest.approx(
+            (per_weight * base + 16 * adapters) / 2 / 1e9
+        )
+        assert estimate.gradients_gb == pytest.approx(4 * adapters / 2 / 1e9)
+
+
+def test_auto_checkpointing_counts_the_datasets_tokens_and_a_lora_base() -> None:
+    from flux_cluster.config.loader import load_system
+    from flux_cluster.config.workload import resolve_training
+    from flux_cluster.training.memory import resolve_checkpointing
+
+    def estimate(tokens: tuple[int, int] | None, *sets: str) -> float:
+        sets = ("train.activation_checkpointing=auto", "train.micro_batch_size=1", *sets)
+        choice = resolve_checkpointing(
+            resolve_training(load_system("dgx_h100x8", list(sets)).config), 1, tokens
+        )[1]
+        assert choice is not None and choice.mode == "full"  # 1 GB: nothing fits, full's estimate is shown
+        return choice.estimate_gb
+
+    flux1 = estimate(None)
+    assert estimate((256, 256)) == flux1
+    # a Kontext dataset: its control tokens double the image tokens, and the activations with them
+    assert estimate((512, 256)) > flux1 + 0.5 * (flux1 - estimate((16, 256)))
+    lora = ("train.mode=lora", "train.pretrained_path=/x", "train.base_precision=nf4")
+    assert estimate(None, *lora) < flux1 / 3  # the frozen base at half a byte, not 16 bytes per parameter

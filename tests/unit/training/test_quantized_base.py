@@ -165,6 +165,20 @@ def test_base_precision_and_caption_dropout_in_the_config() -> None:
         config(cfg_dropout=0.2, caption_dropout=0.3)
 
 
+def test_caption_dropout_reaches_the_train_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from flux_cluster.config.loader import load_system
+    from flux_cluster.config.workload import resolve_training
+    from flux_cluster.runtime.dist import DistInfo
+    from flux_cluster.training import trainer
+
+    seen: dict[str, object] = {}  # a real loader needs an indexed dataset: what it is given is the point
+    monkeypatch.setattr(trainer, "train_loader", lambda root, **kwargs: seen.update(kwargs, root=root))
+    for sets, rate in (([], 0.1), (["train.caption_dropout=0.3"], 0.3), (["train.cfg_dropout=0"], 0.0)):
+        plan = resolve_training(load_system("local", sets).config)
+        trainer.plan_loader(plan, tmp_path, DistInfo(0, 1, 0, "gloo", CPU), seed=1)
+        assert seen["cfg_dropout"] == rate and seen["root"] == tmp_path
+
+
 @pytest.mark.parametrize("precision", ["fp8", "nf4"])
 def test_a_pre_quantized_checkpoint_loads_to_the_bytes_quantizing_at_load_makes(
     precision: str, tmp_path: Path
@@ -206,3 +220,83 @@ def test_a_pre_quantized_checkpoint_loads_to_the_bytes_quantizing_at_load_makes(
         app, ["models", "quantize", str(tmp_path / "plain"), str(out), "--precision", precision]
     )
     assert again_cli.exit_code == 2 and "exists; choose a new folder" in again_cli.output
+
+
+@pytest.fixture(scope="module")
+def nf4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint `models quantize` wrote (nf4), made once for the damage tests."""
+    root = tmp_path_factory.mktemp("quantized")
+    torch.manual_seed(0)
+    M.build_model(TINY).save_pretrained(root / "plain")
+    (root / "out.partial").mkdir()  # someone's folder of that name: the old fixed temp name deleted it
+    (root / "out.partial" / "keep").write_text("x")
+    return Q.save_quantized(root / "plain", root / "out", "nf4")
+
+
+def test_models_quantize_writes_readable_files_through_a_unique_sibling(nf4_checkpoint: Path) -> None:
+    from flux_cluster.atomic import _default_mode
+
+    files = [p for p in nf4_checkpoint.rglob("*") if p.is_file()]
+    assert {p.name for p in files} == {Q.QUANTIZED_WEIGHTS, "config.json"}
+    assert all(p.stat().st_mode & 0o777 == _default_mode() for p in files)  # safetensors alone: 0600
+    assert (nf4_checkpoint.parent / "out.partial" / "keep").read_text() == "x"
+    assert sorted(p.name for p in nf4_checkpoint.parent.iterdir()) == ["out", "out.partial", "plain"]
+
+
+def _damage(folder: Path, how: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    file, config = folder / "transformer" / Q.QUANTIZED_WEIGHTS, folder / "transformer" / "config.json"
+    state = load_file(file)
+    nf4 = sorted(k for k in state if k.endswith(".weight_nf4"))[0]
+    if how == "missing absmax":
+        del state[nf4.replace(".weight_nf4", ".weight_absmax")]
+    elif how == "absmax shape":
+        key = nf4.replace(".weight_nf4", ".weight_absmax")
+        state[key] = state[key][:, :4].contiguous()
+    elif how == "layer shape":
+        key = next(k for k in state if k.endswith("norm.linear.bias"))
+        state[key] = torch.zeros(3, dtype=state[key].dtype)
+    elif how == "truncated":
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+        return
+    elif how == "config":
+        config.write_text("{not json")
+        return
+    save_file(state, file, metadata={"base_precision": "nf4"})
+
+
+@pytest.mark.parametrize(
+    ("how", "named"),
+    [
+        ("missing absmax", Q.QUANTIZED_WEIGHTS),
+        ("absmax shape", Q.QUANTIZED_WEIGHTS),
+        ("layer shape", Q.QUANTIZED_WEIGHTS),
+        ("truncated", Q.QUANTIZED_WEIGHTS),
+        ("config", "config.json"),
+    ],
+)
+def test_a_damaged_pre_quantized_checkpoint_is_one_line_naming_the_file(
+    nf4_checkpoint: Path, tmp_path: Path, how: str, named: str
+) -> None:
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(nf4_checkpoint, damaged)
+    _damage(damaged, how)
+    with pytest.raises(FluxClusterError) as caught:
+        Q.pretrained_base(damaged, "nf4", "lora")
+    message = str(caught.value)
+    assert str(damaged / "transformer" / named) in message and "\n" not in message
+    assert "flux-cluster models quantize" in message
+
+
+def test_the_parameter_count_of_a_quantized_base_counts_weights_not_packed_bytes() -> None:
+    model, _ = lora_model("nf4")  # sharded by FSDP2, as the run's line counts it
+    expected = sum(p.numel() for p in M.build_model(TINY).parameters())
+    expected += sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+    assert sum(p.numel() for p in model.parameters()) < expected  # packed bytes and absmax
+    assert Q.logical_parameter_count(model) == expected
+    fp8 = M.build_model(TINY).requires_grad_(False)
+    assert Q.quantize_base(fp8, "fp8", torch.bfloat16).quantized > 0
+    assert Q.logical_parameter_count(fp8) == sum(p.numel() for p in M.build_model(TINY).parameters())
