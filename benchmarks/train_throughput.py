@@ -73,7 +73,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--impls",
         default="ours,peer",
-        help="of ours (the job's code path), ours-fp8 (train.precision fp8), peer",
+        help="of ours (the job's code path), ours-fp8 (train.precision fp8), peer, lora-bf16|fp8|nf4 "
+        "(LoRA on a frozen base of that precision: images/s and peak memory; their MFU counts full training)",
     )
     parser.add_argument(
         "--fp8-recipes", default="tensorwise", help=f"ours-fp8's recipes, of {','.join(FP8_RECIPES)}"
@@ -186,7 +187,7 @@ def main() -> None:
         row.tflops = row.samples_per_s * flops / 1e12
         row.mfu_datasheet = row.tflops / args.peak_tflops
         row.mfu_measured = row.tflops / gemm.tflops
-        if case.impl != "peer":
+        if case.impl in ("ours", "ours-fp8"):  # the estimate is of full training
             tokens = {"image_tokens": shape.image_tokens, "text_tokens": shape.text_tokens}
             est = estimate_memory(a, 1, case.micro_batch, case.checkpointing, compiled=case.compile, **tokens)
             row.estimate_gb = est.total_gb

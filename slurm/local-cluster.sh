@@ -164,7 +164,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# Private munge socket; cred_expire also bounds how long a requeued job waits (default 120 s).
+# Private munge socket; cred_expire (default 120 s, minimum 5) is also how long a requeued job waits
+# (+1 s), and a step must launch within it: 5 s is plenty on localhost.
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 
 StateSaveLocation=$STATE_DIR/ctld
@@ -523,6 +524,18 @@ cmd_install() {
   say "installed: ${missing[*]}"
 }
 
+# The daemons outlive this script: they must not inherit the caller's open files (the lock that
+# `flock LOCKFILE CMD` holds for a test run would stay held for as long as they run).  255: bash's script.
+close_inherited_fds() {
+  local fd
+  for fd in "/proc/$$/fd"/*; do
+    fd=${fd##*/}
+    if ((fd > 2 && fd != 255)); then
+      eval "exec $fd>&-" 2>/dev/null || true
+    fi
+  done
+}
+
 cmd_start() {
   local t0 tool
   for tool in munged munge mysqld slurmdbd slurmctld slurmd sacctmgr sinfo; do
@@ -536,6 +549,7 @@ cmd_start() {
     return
   fi
   t0=$(date +%s%N)
+  close_inherited_fds
   prepare_state_dir
   start_munged
   start_mysqld

@@ -9,7 +9,8 @@ MODES = ("full", "alternate", "single", "ops", "none")
 
 PEER_MODES = ("full", "none")
 
-IMPLS = ("ours", "ours-fp8", "peer")
+IMPLS = ("ours", "ours-fp8", "peer", "lora-bf16", "lora-fp8", "lora-nf4")
+"""lora-*: ours fine-tuning LoRA adapters over a frozen base stored in bf16, fp8 or nf4 (the ladder)."""
 
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
 
@@ -31,7 +32,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Case:
-    impl: str  # "ours", "ours-fp8" or "peer"
+    impl: str  # one of IMPLS
     micro_batch: int
     checkpointing: str
     compile: bool

@@ -15,14 +15,14 @@ from throughput.cases import PHASES, Row
 
 
 def ratios(rows: list[Row]) -> list[dict[str, object]]:
-    """ours/peer and ours-fp8/peer samples/s for each (micro-batch, checkpointing, compile) both ran, and
-    ours-fp8 over ours (bf16) where both ran."""
+    """ours/peer and ours-fp8/peer samples/s for each (micro-batch, checkpointing, compile) both ran,
+    ours-fp8 over ours (bf16) where both ran, and the quantized LoRA bases over the bf16 one."""
     ok = {(r.label, r.micro_batch, r.checkpointing, r.compile): r for r in rows if r.status == "ok"}
     out = []
     for (label, mbs, mode, compiled), ours in ok.items():
         if label == "peer":
             continue
-        for base in ("peer", "ours"):
+        for base in ("peer", "ours", "lora-bf16"):
             other = ok.get((base, mbs, mode, compiled))
             if other is None or base == label:
                 continue

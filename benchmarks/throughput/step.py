@@ -69,6 +69,8 @@ def adamw(params: list[torch.nn.Parameter], device: torch.device) -> torch.optim
 def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
     torch.manual_seed(0)
     model = build_model(args, meta_init=device.type == "cuda")
+    if case.impl.startswith("lora-"):
+        lora_on_quantized_base(model, case.impl.removeprefix("lora-"), device)
     parallelize(
         model,
         make_mesh(device, 1, 1),
@@ -79,8 +81,28 @@ def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
         precision="fp8" if case.impl == "ours-fp8" else "bf16",
         fp8_recipe=case.fp8_recipe or "tensorwise",
     )
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     return Trainer(model, adamw(params, device), params, torch.bfloat16, autocast=False)
+
+
+def lora_on_quantized_base(model: torch.nn.Module, precision: str, device: torch.device) -> None:
+    """As the job's LoRA fine-tuning: random weights (the proxy has no checkpoint), adapters on the job's
+    default targets, the frozen base stored at precision (bf16, fp8 or nf4). Built on the device, then the
+    peak memory starts again: the float32 weights before quantizing are not what training holds."""
+    from flux_cluster.config.training import TrainConfig
+    from flux_cluster.training.model import add_lora
+    from flux_cluster.training.quantized_base import quantize_base
+
+    if device.type == "cuda":  # GPU only
+        model.to_empty(device=device)
+        init_weights(model)
+    defaults = TrainConfig.model_fields
+    targets = list(defaults["lora_targets"].default)
+    add_lora(model, defaults["lora_rank"].default, defaults["lora_alpha"].default, targets)
+    quantize_base(model, precision, torch.bfloat16)
+    if device.type == "cuda":  # GPU only
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def build_peer(case: Case, args: ModelArgs, device: torch.device) -> Trainer:

@@ -4,7 +4,8 @@
 The rest of a run's settings come from the ``train`` section as for every workload: ``train.mode``
 (finetune | lora), ``train.parallel`` (ddp | dp | fsdp), ``train.precision`` (fp32 | amp-bf16 | amp-fp16),
 ``train.epochs``, ``train.micro_batch_size``, ``train.global_batch_size``, ``train.learning_rate``,
-``train.lora_rank``/``lora_alpha``/``lora_targets``, ``train.log_every_steps``, ``train.tensorboard``.
+``train.lora_rank``/``lora_alpha``/``lora_targets``, ``train.log_every_steps``, ``train.tensorboard``,
+``train.checkpoint_every_steps``/``_every_minutes``/``keep_checkpoints``/``checkpoint_dir`` (resume).
 Model hubs are never contacted: the model folder and the data are local.
 """
 

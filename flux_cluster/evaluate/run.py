@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
 from flux_cluster.console import cli_console
 from flux_cluster.errors import FluxClusterError, write_error
-from flux_cluster.evaluate import KIND, SCHEMA, first_line, grid_name
+from flux_cluster.evaluate import KIND, SCHEMA, base_label, first_line, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
 from flux_cluster.evaluate.edits import edit_inputs
 from flux_cluster.evaluate.grid import grid_png, images_dir, save_images
@@ -159,19 +159,19 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
         f"{settings.resolution}px"
     )
     controls = edits.controls if edits else None
-    base = _measure(pipe, prompts, settings, options, target, device, dtype, "base", log, controls)
-    log(f"base: p50 {base.latency.p50_s:.3f} s, {base.latency.images_per_s:.2f} images/s")
+    quantized = target.weights is not None and target.base_precision != "bf16"
+    if quantized:  # served as it trained, and compared with the base it trained on: quantized alike
+        _quantized_with_adapters_off(pipe, target, pipeline, device, dtype, log)
+    label = base_label(target.base_precision if quantized else None)
+    base = _measure(pipe, prompts, settings, options, target, device, dtype, label, log, controls)
+    log(f"{label}: p50 {base.latency.p50_s:.3f} s, {base.latency.images_per_s:.2f} images/s")
     tuned = None
     if target.weights is not None:
         assert target.weights_kind is not None
-        quantized = target.base_precision != "bf16"  # served as it trained: adapters beside a quantized base
-        _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype, fuse=not quantized)
         if quantized:
-            from flux_cluster.training.quantized_base import quantize_base
-
-            log(
-                quantize_base(pipe.transformer.requires_grad_(False), target.base_precision, dtype).describe()
-            )
+            pipe.transformer.enable_adapters()
+        else:
+            _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype)
         tuned = _measure(pipe, prompts, settings, options, target, device, dtype, "tuned", log, controls)
         log(f"tuned: p50 {tuned.latency.p50_s:.3f} s, {tuned.latency.images_per_s:.2f} images/s")
     parameters = sum(p.numel() for p in pipe.transformer.parameters())
@@ -215,10 +215,32 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
     }
     if edits is not None:  # an edit run's documents only: a text-to-image one keeps its keys
         document["edits"] = {"pairs": edits.names}
+    if quantized:  # likewise: the base column's precision, where it is not the pipeline's own
+        document["base_precision"] = target.base_precision
     columns = [("base", base.images)] + ([("tuned", tuned.images)] if tuned else [])
     columns = ([("control", edits.controls)] if edits else []) + columns
-    json_path, grid_path = _write(document, grid_png(columns, prompts), json_path, grid_path, columns)
+    shown = [(label if title == "base" else title, images) for title, images in columns]
+    json_path, grid_path = _write(document, grid_png(shown, prompts), json_path, grid_path, columns)
     return EvalResult(document, json_path, grid_path)
+
+
+def _quantized_with_adapters_off(
+    pipe: "FluxPipeline",
+    target: Target,
+    pipeline: Path,
+    device: "torch.device",
+    dtype: "torch.dtype",
+    log: Callable[[str], None],
+) -> None:
+    """A LoRA run on a quantized base (train.base_precision) as it trained: the adapters loaded unfused
+    beside the frozen layers, which are then quantized; the adapters left off, so the base measured first is
+    the quantized base, the one the tuned model differs from by its adapters alone."""
+    from flux_cluster.training.quantized_base import quantize_base
+
+    assert target.weights is not None and target.weights_kind is not None
+    _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype, fuse=False)
+    log(quantize_base(pipe.transformer.requires_grad_(False), target.base_precision, dtype).describe())
+    pipe.transformer.disable_adapters()
 
 
 def _load_pipeline(

@@ -4,6 +4,7 @@ what was written. Importing this module stays cheap (no torch)."""
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.console import cli_console, print_table
+from flux_cluster.evaluate import base_label
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -35,7 +36,8 @@ def results_table(document: dict[str, Any]) -> "Table":
     table = Table(title=escape(title))
     table.add_column("")
     for column in columns:
-        table.add_column(column, justify="right")
+        shown = base_label(document.get("base_precision")) if column == "base" else column
+        table.add_column(shown, justify="right")
 
     def number(value: float | None, digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"

@@ -2,8 +2,8 @@
 step (FlopCounterMode on the real model, once), TFLOP/s and MFU, peak memory, time per epoch, the
 estimated total time, GPU-hours and cost (the run's and the estimate's, at system.price_per_gpu_hour:
 training/metrics.py's gpu_cost). Written as the metrics file's header, step, evaluation and summary lines
-(results/metrics_<i>.jsonl), progress lines and TensorBoard scalars; the file helpers are the FLUX
-loop's (flux_cluster/training/metrics.py)."""
+(results/metrics_<i>.jsonl), progress lines and TensorBoard scalars; the throughput window and the file,
+cost and time helpers are the FLUX meter's (flux_cluster/training/metrics.py)."""
 
 import json
 import math
@@ -18,7 +18,14 @@ from flux_cluster.atomic import finite_for_json
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.runtime.dist import DistInfo
 from flux_cluster.training.context import JobContext
-from flux_cluster.training.metrics import end_partial_line, gpu_cost, peak_memory_gb, say, time_and_cost
+from flux_cluster.training.metrics import (
+    ThroughputWindow,
+    end_partial_line,
+    gpu_cost,
+    peak_memory_gb,
+    say,
+    time_and_cost,
+)
 
 FP32_TFLOPS = {"H100": 67.0, "H200": 67.0, "GB200": 80.0, "B200": 80.0, "A100": 19.5, "MI300X": 163.4}
 """Datasheet dense FP32 (non-tensor-core) peaks by GPU model name, TFLOP/s: plain fp32 training's peak."""
@@ -54,6 +61,22 @@ def tokens_in(batch: dict[str, torch.Tensor]) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class HfTotals:
+    """The meter's whole-run figures a checkpoint carries, so a resumed run's throughput, time, GPU-hours
+    and cost cover all its attempts (up to the checkpoint resumed from)."""
+
+    train_seconds: float = 0.0
+    """Wall time from run_start, evaluations and checkpoints included: what GPU-hours come from."""
+    timed_seconds: float = 0.0
+    """Time of the timed training steps alone: what the rates come from."""
+    timed_steps: int = 0
+    timed_samples: int = 0
+    timed_tokens: int = 0
+    peak_memory_gb: float = 0.0
+    """The highest peak memory of any rank in any attempt."""
+
+
 @dataclass
 class HfMeter:
     """Rank 0 writes; every rank takes part in the collectives (loss and memory reductions)."""
@@ -66,14 +89,41 @@ class HfMeter:
     """GPUs the job holds (plan.world_size): what TFLOP/s per GPU and GPU-hours count."""
     tb: Any = None
     started: float = field(default_factory=time.perf_counter)
-    timed_s: float = 0.0
-    timed_steps: int = 0
+    window: ThroughputWindow = field(init=False)
+    """The steps since the last line (time, count, loss) and the closed windows' time and steps."""
+    window_samples: int = 0
+    window_tokens: int = 0
     timed_samples: int = 0
     timed_tokens: int = 0
-    window: list[float] = field(default_factory=lambda: [0.0, 0, 0, 0, 0.0])
-    """[start, steps, samples, tokens, loss sum] of the steps since the last line."""
+    """Samples and tokens of the closed windows."""
     warmed_up: bool = False
     evals: list[float] = field(default_factory=list)
+    carried: HfTotals = field(default_factory=HfTotals)
+    """The attempts before this one, from the checkpoint resumed from."""
+
+    def __post_init__(self) -> None:
+        self.window = ThroughputWindow(self.info.device)
+
+    def carry(self, totals: HfTotals, evals: list[float]) -> None:
+        """A resumed run: its earlier attempts' figures count in the rates, time and cost."""
+        self.carried, self.evals = totals, list(evals)
+        self.window.timed_s, self.window.timed_steps = totals.timed_seconds, totals.timed_steps
+        self.timed_samples, self.timed_tokens = totals.timed_samples, totals.timed_tokens
+
+    def totals(self) -> HfTotals:
+        """The whole run's figures now, the open window included (what a checkpoint carries). A
+        collective (every rank's peak memory): every rank calls it."""
+        window = self.window
+        window_s = window.seconds() if window.steps else 0.0
+        memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
+        return HfTotals(
+            self.train_seconds(),
+            window.timed_s + window_s,
+            window.timed_steps + window.steps,
+            self.timed_samples + self.window_samples,
+            self.timed_tokens + self.window_tokens,
+            max(memory, self.carried.peak_memory_gb),
+        )
 
     def write(self, record: dict[str, Any]) -> None:
         if self.info.rank == 0:
@@ -89,12 +139,11 @@ class HfMeter:
 
     def start(self) -> None:
         self.started = time.perf_counter()
-        self.window = [time.perf_counter(), 0, 0, 0, 0.0]
+        self._new_window()
 
-    def _sync(self) -> float:
-        if self.info.device.type == "cuda":
-            torch.cuda.synchronize(self.info.device)
-        return time.perf_counter()
+    def _new_window(self) -> None:
+        self.window.reset()
+        self.window_samples = self.window_tokens = 0
 
     def record(
         self,
@@ -110,22 +159,20 @@ class HfMeter:
         when line is set. An attempt's first step (allocator and kernel warm-up) is not timed."""
         if not self.warmed_up:
             self.warmed_up = True
-            self.window = [self._sync(), 0, 0, 0, 0.0]
+            self.window.sync()  # waits for the step's GPU work
+            self._new_window()
             return
-        self.window[1] += 1
-        self.window[2] += samples
-        self.window[3] += tokens or 0
-        self.window[4] = self.window[4] + loss.detach().double()  # read at the next line: no sync per step
+        self.window.add(loss)
+        self.window_samples += samples
+        self.window_tokens += tokens or 0
         if step % self.ctx.plan.train.log_every_steps and not line:
             return
-        now = self._sync()
-        start, steps, window_samples, window_tokens, loss_sum = self.window
-        elapsed = now - start
-        self.timed_s, self.timed_steps = self.timed_s + elapsed, self.timed_steps + steps
-        self.timed_samples += window_samples
-        self.timed_tokens += window_tokens
-        rates = self._rates(elapsed, steps, window_samples, window_tokens if tokens is not None else None)
-        mean_loss = _mean_over_ranks(float(loss_sum) / steps, self.info)
+        elapsed, steps = self.window.seconds(), self.window.steps
+        self.timed_samples += self.window_samples
+        self.timed_tokens += self.window_tokens
+        window_tokens = self.window_tokens if tokens is not None else None
+        rates = self._rates(elapsed, steps, self.window_samples, window_tokens)
+        mean_loss = self.window.mean_loss(self.info.world_size)
         memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
         record = {
             "step": step,
@@ -142,7 +189,8 @@ class HfMeter:
             for name, value in scalars:
                 if value is not None:
                     self.tb.add_scalar(name, value, step)
-        self.window = [time.perf_counter(), 0, 0, 0, 0.0]
+        self.window.close(elapsed)
+        self.window_samples = self.window_tokens = 0
 
     def _rates(self, seconds: float, steps: int, samples: int, tokens: int | None) -> dict[str, Any]:
         step_s = seconds / steps if steps else math.nan
@@ -156,7 +204,8 @@ class HfMeter:
         }
 
     def train_seconds(self) -> float:
-        return time.perf_counter() - self.started
+        """The whole run's training time so far, earlier attempts included."""
+        return self.carried.train_seconds + time.perf_counter() - self.started
 
     @property
     def price(self) -> float:
@@ -166,12 +215,12 @@ class HfMeter:
         """(GPU-hours, USD) of seconds on the job's GPUs; USD None without the system's price."""
         return gpu_cost(seconds, self.devices, self.price)
 
-    def pause(self) -> float:
-        return self._sync()
+    def pause(self) -> None:
+        """Before an evaluation: its time is not training throughput."""
+        self.window.pause()
 
-    def resume(self, paused_at: float) -> None:
-        """After an evaluation: its time is not training throughput."""
-        self.window[0] += time.perf_counter() - paused_at
+    def resume(self) -> None:
+        self.window.resume()
 
     def record_eval(self, step: int, samples: int, loss: float, epoch: float) -> None:
         self.evals.append(loss)
@@ -187,13 +236,14 @@ class HfMeter:
 
     def summary(self, steps: int, samples: int, epochs: float, steps_per_epoch: int, facts: dict) -> None:
         """The metrics file's last line: finetune's summary keys plus the seed's figures under 'hf'."""
-        timed = self.timed_steps
+        timed = self.window.timed_steps
         rates = self._rates(
-            self.timed_s, timed, self.timed_samples, self.timed_tokens if facts["seq_len"] else None
+            self.window.timed_s, timed, self.timed_samples, self.timed_tokens if facts["seq_len"] else None
         )
         step_s = rates["step_seconds"]
         epoch_s = step_s * steps_per_epoch
         memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
+        memory = max(memory, self.carried.peak_memory_gb)
         seconds, total_s = self.train_seconds(), epoch_s * self.ctx.plan.epochs
         gpu_hours, usd = self.cost(seconds)
         total_gpu_hours, total_usd = self.cost(total_s)
@@ -267,12 +317,6 @@ def _progress_line(record: dict[str, Any], lr: float, so_far: str) -> str:
         f"{record['tflops_per_s']:.3g} TFLOP/s/GPU | MFU {mfu} | lr {lr:.3g} | "
         f"peak mem {record['peak_memory_gb']:.2f} GB | {so_far}"
     )
-
-
-def _mean_over_ranks(value: float, info: DistInfo) -> float:
-    tensor = torch.tensor([value], dtype=torch.float64, device=info.device)
-    dist.all_reduce(tensor)
-    return float(tensor.item()) / info.world_size
 
 
 def _max_over_ranks(value: float, info: DistInfo) -> float:

@@ -2,9 +2,11 @@
 when the run's plan is of kind 'hf'): a Hugging Face model from a local folder fine-tuned for
 train.epochs on local or synthetic data, with DDP, DataParallel or FSDP, fp32 or AMP, all weights or
 LoRA. It writes what a fine-tuning run writes: the MLPerf-style result log (results/result_<i>.txt,
-division open) and the metrics file with seed 002's figures (flux_cluster/hf/meter.py). No checkpoints:
-a run is a measurement of minutes, started again rather than resumed (train.checkpoint_* and the
-time-limit signal's checkpoint do not apply; a requeued repeat starts over).
+division open) and the metrics file with seed 002's figures (flux_cluster/hf/meter.py). Checkpoints as the
+FLUX job's (flux_cluster/hf/resume.py): every train.checkpoint_every_steps / _minutes and on SIGUSR1 (the
+time-limit warning: checkpoint, then the job script requeues) or SIGTERM (checkpoint and exit); a restart
+in the same run folder resumes from the newest intact one, its per-step losses those of a run never
+stopped. Without a checkpoint a restarted repeat starts over, the earlier attempt's files set aside.
 """
 
 import contextlib
@@ -24,13 +26,16 @@ from flux_cluster.hf.data import SampleError, Splits, load_data
 from flux_cluster.hf.meter import HfMeter, count_flops, peak_tflops, tokens_in
 from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets, match_padding
 from flux_cluster.hf.parallel import check_dp_gpus, devices_per_process, wrap
-from flux_cluster.rundir import set_aside_interrupted_log
+from flux_cluster.hf.resume import HfProgress, restore, save
+from flux_cluster.rundir import lock_repeat, set_aside_interrupted_log
 from flux_cluster.runtime.dist import DistInfo, init_distributed
-from flux_cluster.runtime.signals import die_with_parent, under_torchrun
+from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
+from flux_cluster.training.checkpoint import Checkpointer, CheckpointSaveError
 from flux_cluster.training.context import JobContext
 from flux_cluster.training.metrics import open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.optimizers import build_optimizer
+from flux_cluster.training.stop_poll import StopPoll
 
 AMP_DTYPES = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
 LOG_PRECISION = {"fp32": "fp32", "amp-bf16": "bfloat16", "amp-fp16": "fp16"}
@@ -48,16 +53,43 @@ def train(ctx: JobContext) -> int:
 
 
 def run(ctx: JobContext, info: DistInfo) -> int:
-    """One repeat in a started process group: 0, or 1 with one line for bad input (a model folder, data
-    or LoRA targets that do not fit)."""
+    """One repeat in a started process group: 0; 1 with one line for bad input (a model folder, data or
+    LoRA targets that do not fit, a checkpoint of another run); or, stopped by a signal and checkpointed,
+    runtime.signals.finish_interrupted's code."""
+    # Only SIGUSR1 asks for a requeue; SIGTERM (cancel, preemption) checkpoints and exits.
+    stop = StopRequest(on_sigterm=True).install()
+    lock = None
     try:
-        _train(ctx, info)
+        lock = _lock(ctx, info)
+        return _train(ctx, info, stop)
     except FluxClusterError as exc:
         # every rank reads the same files: one line is enough, but a sample only this rank met is its to say
         if info.rank == 0 or isinstance(exc, SampleError):
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
-    return 0
+    except CheckpointSaveError as exc:  # a full disk: rank 0's line, the others silent
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _lock(ctx: JobContext, info: DistInfo) -> Any:
+    """Rank 0 locks the repeat, so an attempt whose ranks outlived their launcher and a new one never
+    write it (or its checkpoints) at once; every rank learns whether it could."""
+    lock, refused = None, None
+    if info.rank == 0:
+        try:
+            lock = lock_repeat(ctx.run_dir, ctx.exp_index)
+        except FluxClusterError as exc:
+            refused = str(exc)
+    verdict = [refused]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise FluxClusterError(verdict[0])
+    return lock
 
 
 @dataclass(frozen=True)
@@ -166,13 +198,11 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[torch.nn.Module, Splits, 
     return model, data, facts
 
 
-def _train(ctx: JobContext, info: DistInfo) -> None:
+def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
     plan, cfg = ctx.plan, ctx.plan.train
     rank0, device, precision = info.rank == 0, info.device, str(cfg.precision)
     torch.manual_seed(ctx.seed)
-    if rank0:  # no checkpoints: a restarted repeat (a requeue) measures again from the start
-        for path in (ctx.result_log, ctx.metrics_file):
-            set_aside_interrupted_log(path)
+    checkpoints, resume_from = _checkpoints(ctx, info)
     mllog = MlperfLog(ctx.result_log, enabled=rank0)
     model, data, facts = _prepare(ctx, info)
     batching = Batching.of(plan.global_batch_size, plan.grad_accum_steps, info.world_size)
@@ -190,24 +220,13 @@ def _train(ctx: JobContext, info: DistInfo) -> None:
     )
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "amp-fp16")
     trainer = _Trainer(model, params, optimizer, scaler, batching, precision, device)
+    progress = HfProgress()
+    if resume_from is not None:  # after the set-up: the RNG states it restores are those of the step
+        progress = restore(checkpoints, resume_from, model, optimizer, scheduler, scaler, device)
+        mllog.event("resumed_from_checkpoint", value=progress.step * plan.global_batch_size)
+        say(rank0, f"resumed from {resume_from} at step {progress.step}")
 
-    devices = plan.world_size
-    meter = HfMeter(
-        ctx,
-        info,
-        flops * batching.accumulate * batching.processes,
-        peak_tflops(ctx.system, precision, device),
-        devices,
-    )
-    meter.header(
-        {
-            **facts,
-            "flops_per_step": meter.flops_per_step,
-            "processes": info.world_size,
-            "devices_per_process": devices_per_process(str(cfg.parallel), info),
-        }
-    )
-    meter.tb = open_tensorboard(ctx) if rank0 and cfg.tensorboard else None
+    meter = _meter(ctx, info, flops * batching.accumulate * batching.processes, facts, progress)
     say(
         rank0,
         f"{facts['model']} ({facts['task']}, {facts['params'] / 1e6:.2f}M parameters, "
@@ -219,19 +238,20 @@ def _train(ctx: JobContext, info: DistInfo) -> None:
     mllog.end(c.INIT_STOP)
     mllog.start(c.RUN_START)
     meter.start()
-    step = samples = 0
-    for epoch in range(plan.epochs):
-        mllog.start(
-            c.BLOCK_START, metadata={"samples_count": per_epoch * plan.global_batch_size, "step": step}
-        )
+    stop_poll = StopPoll(stop, cfg.checkpoint_every_minutes * 60 if rank0 else 0)
+    saved_period, block = 0, per_epoch * plan.global_batch_size
+    first_epoch, first_index = progress.position(per_epoch)
+    for epoch in range(first_epoch, plan.epochs):
+        mllog.start(c.BLOCK_START, metadata={"samples_count": block, "step": progress.step})
         order = shard_order(Splits.size(data.train), info.rank, info.world_size, epoch, ctx.seed)
         model.train()
-        for index in range(per_epoch):
+        for index in range(first_index if epoch == first_epoch else 0, per_epoch):
             total, tokens = trainer.step(data.train, order, index)
             scheduler.step()
-            step += 1
-            samples += plan.global_batch_size
+            progress.step += 1
+            step, samples = progress.step, progress.step * plan.global_batch_size
             text = facts["seq_len"] is not None
+            last = index == per_epoch - 1
             meter.record(
                 step,
                 step / per_epoch,
@@ -239,21 +259,87 @@ def _train(ctx: JobContext, info: DistInfo) -> None:
                 plan.global_batch_size,
                 tokens * info.world_size if text else None,
                 scheduler.get_last_lr()[0],
-                index == per_epoch - 1,
+                last,
             )
-        mllog.end(c.BLOCK_STOP, metadata={"samples_count": per_epoch * plan.global_batch_size, "step": step})
-        if data.val is not None:
-            paused = meter.pause()
-            loss = _evaluate(
-                model, data.val, batching.per_process, info, precision, mllog, step, samples, epoch + 1
-            )
-            meter.record_eval(step, samples, loss, float(epoch + 1))
-            meter.resume(paused)
+            if last:
+                mllog.end(c.BLOCK_STOP, metadata={"samples_count": block, "step": step})
+            if last and data.val is not None:
+                meter.pause()
+                loss = _evaluate(
+                    model, data.val, batching.per_process, info, precision, mllog, step, samples, epoch + 1
+                )
+                meter.record_eval(step, samples, loss, float(epoch + 1))
+                meter.resume()
+                progress.evals.append(loss)
+            # after the epoch's evaluation: a checkpoint at its end resumes into the next epoch
+            if step == per_epoch * plan.epochs:
+                break
+            agreed = stop_poll.poll()
+            every = cfg.checkpoint_every_steps
+            if agreed.requested:
+                stop_poll.close()
+                where = _save(checkpoints, progress, meter, trainer, scheduler)
+                mllog.run_stop(success=False, samples=samples)
+                mllog.close()
+                say(rank0, f"stopped by a signal at step {step}: checkpointed to {where}")
+                return finish_interrupted(info.rank, requeue=agreed.requeue)
+            if (every and step % every == 0) or agreed.period > saved_period:
+                saved_period = agreed.period
+                _save(checkpoints, progress, meter, trainer, scheduler)
+    stop_poll.close()
+    samples = progress.step * plan.global_batch_size
     mllog.run_stop(success=True, samples=samples)
     mllog.close()
-    meter.summary(step, samples, float(plan.epochs), per_epoch, facts)
+    meter.summary(progress.step, samples, float(plan.epochs), per_epoch, facts)
     if meter.tb is not None:
         meter.tb.close()
+    return 0
+
+
+def _meter(
+    ctx: JobContext, info: DistInfo, flops: float, facts: dict[str, Any], progress: HfProgress
+) -> HfMeter:
+    """The run's meter (flops: one optimizer step's, every process's micro-batches), its header written,
+    the earlier attempts' figures carried over."""
+    cfg = ctx.plan.train
+    peak = peak_tflops(ctx.system, str(cfg.precision), info.device)
+    meter = HfMeter(ctx, info, flops, peak, ctx.plan.world_size)
+    per_process = devices_per_process(str(cfg.parallel), info)
+    meter.header(
+        {**facts, "flops_per_step": flops, "processes": info.world_size, "devices_per_process": per_process}
+    )
+    meter.carry(progress.totals, progress.evals)
+    meter.tb = open_tensorboard(ctx) if info.rank == 0 and cfg.tensorboard else None
+    return meter
+
+
+def _checkpoints(ctx: JobContext, info: DistInfo) -> tuple[Checkpointer, Path | None]:
+    """The repeat's checkpoints and the newest intact one to resume from (a collective). A restart starts
+    a new result log; without a checkpoint it measures again from the start, its metrics set aside too."""
+    cfg, rank0 = ctx.plan.train, info.rank == 0
+    checkpoints = Checkpointer(
+        ctx.checkpoint_dir, cfg.keep_checkpoints, info.rank, info.world_size, frozen_base=cfg.mode == "lora"
+    )
+    resume_from, skipped = checkpoints.choose()
+    for line in skipped:  # a damaged checkpoint: one line, and the next older one is tried
+        say(rank0, line)
+    if rank0:
+        for path in (ctx.result_log, *([ctx.metrics_file] if resume_from is None else [])):
+            set_aside_interrupted_log(path)
+    return checkpoints, resume_from
+
+
+def _save(
+    checkpoints: Checkpointer,
+    progress: HfProgress,
+    meter: HfMeter,
+    trainer: "_Trainer",
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> Any:
+    """A checkpoint of the whole state now (a collective: every rank calls it)."""
+    progress.totals = meter.totals()
+    model, optimizer, scaler = trainer.model, trainer.optimizer, trainer.scaler
+    return save(checkpoints, progress, model, optimizer, scheduler, scaler, trainer.device)
 
 
 def distribute_and_count(

@@ -8,6 +8,7 @@ download. Both tokenizers split any English text (character-level WordPiece; byt
 
 import json
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -35,6 +36,24 @@ IMAGE_LABELS = ("circle", "square")
 _ENDOFTEXT = "<|endoftext|>"
 
 
+@dataclass(frozen=True)
+class HfSize:
+    """A model's width, depth, heads and positions (the MLP is 4x the width)."""
+
+    width: int
+    layers: int
+    heads: int
+    positions: int
+
+
+SIZES: dict[str, HfSize] = {
+    "tiny": HfSize(WIDTH, LAYERS, HEADS, MAX_TOKENS),
+    "base": HfSize(768, 12, 12, 512),
+}
+"""``tiny``: toy sizes for CPU tests; ``base``: bert-base / gpt2 / vit-base's shapes (random weights, the
+tiny vocabularies), for measuring a real-sized model on a GPU (benchmarks/gpu_check.sh)."""
+
+
 def _bert_vocab() -> list[str]:
     """BERT's special tokens, then every lowercase-ASCII printable character, typographic punctuation and
     the pound and euro signs, each with its '##' continuation: any lowercased English word (accents are
@@ -48,28 +67,28 @@ def _labels(names: tuple[str, ...]) -> dict[str, object]:
     return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
 
 
-def _bert(folder: Path) -> "PreTrainedModel":
+def _bert(folder: Path, size: HfSize) -> "PreTrainedModel":
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     tokens = _bert_vocab()
     (folder / "vocab.txt").write_text("\n".join(tokens) + "\n")  # bert-base's layout has it too
     vocab = {token: i for i, token in enumerate(tokens)}
-    tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=MAX_TOKENS)
+    tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=size.positions)
     tokenizer.save_pretrained(folder)
     config = BertConfig(
         vocab_size=len(tokenizer),
-        hidden_size=WIDTH,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=4 * WIDTH,
-        max_position_embeddings=MAX_TOKENS,
+        hidden_size=size.width,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        intermediate_size=4 * size.width,
+        max_position_embeddings=size.positions,
         pad_token_id=tokenizer.pad_token_id,
         **_labels(LABELS),
     )
     return BertForSequenceClassification(config)
 
 
-def _gpt2(folder: Path) -> "PreTrainedModel":
+def _gpt2(folder: Path, size: HfSize) -> "PreTrainedModel":
     """Byte-level BPE with every byte a token and no merges, as GPT-2's vocab.json + merges.txt; its
     end-of-text token pads too (GPT-2 has no pad token)."""
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
@@ -80,17 +99,17 @@ def _gpt2(folder: Path) -> "PreTrainedModel":
     tokenizer = GPT2TokenizerFast(
         vocab=vocab,
         merges=[],
-        model_max_length=MAX_TOKENS,
+        model_max_length=size.positions,
         pad_token=_ENDOFTEXT,
     )
     tokenizer.save_pretrained(folder)
     eos = vocab[_ENDOFTEXT]
     config = GPT2Config(
         vocab_size=len(vocab),
-        n_embd=WIDTH,
-        n_layer=LAYERS,
-        n_head=HEADS,
-        n_positions=MAX_TOKENS,
+        n_embd=size.width,
+        n_layer=size.layers,
+        n_head=size.heads,
+        n_positions=size.positions,
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,
@@ -98,17 +117,17 @@ def _gpt2(folder: Path) -> "PreTrainedModel":
     return GPT2LMHeadModel(config)
 
 
-def _vit(folder: Path) -> "PreTrainedModel":
+def _vit(folder: Path, size: HfSize) -> "PreTrainedModel":
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(folder)
     config = ViTConfig(
         image_size=IMAGE_SIZE,
         patch_size=8,
-        hidden_size=WIDTH,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=4 * WIDTH,
+        hidden_size=size.width,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        intermediate_size=4 * size.width,
         **_labels(IMAGE_LABELS),
     )
     return ViTForImageClassification(config)
@@ -117,13 +136,15 @@ def _vit(folder: Path) -> "PreTrainedModel":
 _BUILDERS = {"bert": _bert, "gpt2": _gpt2, "vit": _vit}
 
 
-def write_tiny_hf(out: Path, *, kind: Kind, seed: int = 0, force: bool = False) -> Path:
+def write_tiny_hf(out: Path, *, kind: Kind, seed: int = 0, force: bool = False, size: str = "tiny") -> Path:
     """Write a random-init ``kind`` model with its tokenizer or image processor to ``out`` (a new or
     empty folder; ``force`` replaces a non-empty one) and return it. The same seed writes the same
-    weights."""
+    weights. ``size``: one of SIZES."""
     out = Path(out)
     if kind not in KINDS:
         raise FluxClusterError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
+    if size not in SIZES:
+        raise FluxClusterError(f"size {size!r}: expected one of {', '.join(SIZES)}")
     _check_out(out, force)  # before the slow imports: a mistyped OUT fails at once
     import torch
 
@@ -134,7 +155,7 @@ def write_tiny_hf(out: Path, *, kind: Kind, seed: int = 0, force: bool = False) 
     def fill(tmp: Path) -> None:
         with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
             torch.manual_seed(seed)
-            model = _BUILDERS[kind](tmp)
+            model = _BUILDERS[kind](tmp, SIZES[size])
         with no_progress_bars():
             model.save_pretrained(tmp, safe_serialization=True)
 

@@ -85,6 +85,60 @@ class Progress:
     """The earlier attempts' training time, as of the checkpoint resumed from."""
 
 
+class ThroughputWindow:
+    """The steps since the last progress line, what both meters' rates come from (this module's Meter and
+    flux_cluster/hf/meter.py's): their training time (evaluations paused out, the GPU's queued work
+    included), their count and summed loss (on the device until a line reads it: no sync per step), and
+    the closed windows' totals."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.timed_s, self.timed_steps = 0.0, 0
+        """Training time and steps of the closed windows: the run's throughput."""
+        self.paused_at = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        """A new window from now."""
+        self.start, self.steps, self.paused_s = time.perf_counter(), 0, 0.0
+        self.loss.zero_()
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.steps += 1
+        self.loss += loss.detach().double()
+
+    def sync(self) -> float:
+        """Now, once the device's queued work is done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def seconds(self) -> float:
+        """Training seconds in the window so far, the device's work included."""
+        return self.sync() - self.start - self.paused_s
+
+    def pause(self) -> None:
+        """Before an evaluation: what follows until resume is not training time."""
+        self.paused_at = self.sync()
+
+    def resume(self) -> None:
+        self.paused_s += time.perf_counter() - self.paused_at
+
+    def mean_loss(self, world_size: int) -> float:
+        """The window's mean loss over every rank's steps (a collective)."""
+        total = self.loss.clone()
+        dist.all_reduce(total)
+        return total.item() / self.steps / world_size
+
+    def close(self, elapsed: float) -> None:
+        """After a progress line: the window's seconds (as seconds() gave them) join the totals; a new
+        window starts."""
+        self.timed_s += elapsed
+        self.timed_steps += self.steps
+        self.reset()
+
+
 class Meter:
     """Progress lines every log_every_steps (rank 0), TensorBoard scalars and the metrics file; the run's
     clock (training time, timed steps), carried over from the attempts before a resume."""
@@ -103,14 +157,9 @@ class Meter:
         self.measured_peak_tflops = measured_peak_tflops
         self.carried = carried
         """The earlier attempts' clock, from the checkpoint resumed from."""
-        self.started = self.window_start = time.perf_counter()
-        self.window_paused_s = 0.0
-        """Time inside the window spent evaluating: not training throughput."""
-        self.timed_s, self.timed_steps = 0.0, 0
-        """Training time and steps of the closed windows: the run's throughput."""
-        self.window_steps = 0
+        self.window = ThroughputWindow(info.device)
+        self.started = self.window.start
         self.window_data_wait = 0.0
-        self.window_loss = torch.zeros((), dtype=torch.float64, device=info.device)
         self.warmed_up = False
         """An attempt's first step (compilation, allocator and kernel warm-up) is not throughput."""
         self.pending: list[tuple[int, int, torch.Tensor, torch.Tensor, float, float]] = []
@@ -136,7 +185,7 @@ class Meter:
 
     def start(self) -> None:
         """At run_start: this attempt's clock and its first throughput window start now."""
-        self.started = self.window_start = time.perf_counter()
+        self.started = self.window.start = time.perf_counter()
 
     def train_seconds(self) -> float:
         """The whole run's training time so far, earlier attempts included."""
@@ -145,7 +194,7 @@ class Meter:
     def clock(self) -> RunClock:
         """The whole run's clock now (what a checkpoint carries), the open throughput window included. A
         collective (the peak memory of every rank): every rank calls it."""
-        window = self._window_seconds() if self.window_steps else 0.0
+        window = self.window.seconds() if self.window.steps else 0.0
         # on the device: NCCL reduces CUDA tensors only
         memory = torch.tensor(
             [peak_memory_gb(self.info.device)], dtype=torch.float64, device=self.info.device
@@ -153,8 +202,8 @@ class Meter:
         dist.all_reduce(memory, op=dist.ReduceOp.MAX)
         return self.carried + RunClock(
             time.perf_counter() - self.started,
-            self.timed_s + window,
-            self.timed_steps + self.window_steps,
+            self.window.timed_s + window,
+            self.window.timed_steps + self.window.steps,
             peak_memory_gb=memory.item(),
         )
 
@@ -186,26 +235,24 @@ class Meter:
         )
         if not self.warmed_up:
             self.warmed_up = True
-            self._window_seconds()  # waits for the step's GPU work
+            self.window.sync()  # waits for the step's GPU work
             self._new_window()
             return
-        self.window_steps += 1
-        self.window_loss += loss.double()
+        self.window.add(loss)
         self.window_data_wait += data_wait
         if progress.step % self.ctx.plan.train.log_every_steps and not line:
             return
         self.flush()
         grad_norm = self.last_grad_norm
-        mean_loss = self.window_loss.clone()
-        dist.all_reduce(mean_loss)
-        mean_loss = mean_loss.item() / self.window_steps / self.info.world_size
-        elapsed = self._window_seconds()
-        step_time = elapsed / self.window_steps
+        mean_loss = self.window.mean_loss(self.info.world_size)
+        elapsed = self.window.seconds()
+        steps = self.window.steps
+        step_time = elapsed / steps
         samples_per_s = self.ctx.plan.global_batch_size / step_time
         tflops = self.flops_per_sample * samples_per_s / self.info.world_size / 1e12
         mfu = tflops / self.peak_tflops if self.peak_tflops else math.nan
         mfu_measured = tflops / self.measured_peak_tflops if self.measured_peak_tflops else math.nan
-        data_wait_ms = self.window_data_wait / self.window_steps * 1000
+        data_wait_ms = self.window_data_wait / steps * 1000
         memory = peak_memory_gb(self.info.device)
         seconds = self.train_seconds()
         so_far, time_scalars = self._time_and_cost(seconds)
@@ -234,14 +281,12 @@ class Meter:
                 *time_scalars,
             ):
                 tb.add_scalar(name, value, progress.samples)
-        self.timed_s += elapsed
-        self.timed_steps += self.window_steps
-        self._new_window()
+        self.window.close(elapsed)
+        self.window_data_wait = 0.0
 
     def _new_window(self) -> None:
-        self.window_start, self.window_steps, self.window_data_wait = time.perf_counter(), 0, 0.0
-        self.window_paused_s = 0.0
-        self.window_loss.zero_()
+        self.window.reset()
+        self.window_data_wait = 0.0
 
     def flush(self) -> None:
         """Write the per-step records kept since the last flush (one device sync for all of them)."""
@@ -263,20 +308,12 @@ class Meter:
             )
         self.pending.clear()
 
-    def _window_seconds(self) -> float:
-        """Training seconds in the current window, the GPU's work included."""
-        if self.info.device.type == "cuda":
-            torch.cuda.synchronize(self.info.device)
-        return time.perf_counter() - self.window_start - self.window_paused_s
-
     def pause(self) -> None:
         """Before an evaluation: what follows until record_eval is not training time."""
-        if self.info.device.type == "cuda":
-            torch.cuda.synchronize(self.info.device)
-        self.paused_at = time.perf_counter()
+        self.window.pause()
 
     def record_eval(self, progress: Progress, loss: float, epoch: float | None, tb: Any) -> None:
-        self.window_paused_s += time.perf_counter() - self.paused_at
+        self.window.resume()
         self.flush()
         seconds = self.train_seconds()
         record: dict[str, Any] = {

@@ -2,7 +2,9 @@
 
 Only the frozen linear layers of the transformer change; the LoRA adapters, their float32 master weights,
 their gradients and the optimizer stay as they are. Quantization happens after ``add_lora`` (so peft
-wraps plain ``nn.Linear`` layers and makes its adapters in float32) and before FSDP2 shards the model:
+wraps plain ``nn.Linear`` layers and makes its adapters in float32) and before FSDP2 shards the model.
+A pretrained base is read a tensor at a time (``load_streaming``), each linear weight quantized as it is
+read and held behind a float32-typed placeholder until then, so no rank holds the float32 model:
 
 - ``bf16``: every frozen floating-point parameter is stored in ``train.param_dtype``, the dtype FSDP2
   gathers it in anyway, so the numbers a step computes are unchanged and the float32 copy is gone.
@@ -31,6 +33,7 @@ checkpointing. The frozen weights are not in training checkpoints (``Checkpointe
 nor in the saved adapter, so resuming re-quantizes the same pretrained weights the same way.
 """
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.outside import MIB, OutsideFileError, read_json_object
 
 FP8_MAX = 448.0
 """The largest float8 e4m3 value: each row's absmax maps to it."""
@@ -63,6 +67,11 @@ class QuantizedBase:
             f"frozen base {self.precision}: {self.quantized} linear layers quantized{kept}; parameters "
             f"{self.bytes_before / 1e6:,.2f} MB -> {self.bytes_after / 1e6:,.2f} MB"
         )
+
+
+_Stored = tuple[torch.Tensor, torch.Tensor] | None
+"""A layer's weight already quantized as it was read (``load_streaming``): (data, scale) or (packed,
+absmax), typed or as their stored bytes."""
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -113,10 +122,10 @@ class Float8FrozenLinear(torch.nn.Module):
     """A frozen linear layer with e4m3 weights and per-output-channel scales (uint8 parameters, so FSDP2
     neither casts nor gathers them in bf16)."""
 
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype) -> None:
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, stored: _Stored = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        data, scale = quantize_fp8(linear.weight)
+        data, scale = stored or quantize_fp8(linear.weight)
         self.weight_fp8 = torch.nn.Parameter(data.view(torch.uint8), requires_grad=False)
         self.weight_scale = torch.nn.Parameter(scale.view(torch.uint8), requires_grad=False)
         bias = linear.bias
@@ -180,10 +189,10 @@ class NF4FrozenLinear(torch.nn.Module):
     """A frozen linear layer with NF4 weights: packed codes and per-block absmax bytes (uint8 parameters,
     sharded along rows like any weight), the code book a buffer."""
 
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype) -> None:
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, stored: _Stored = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        packed, absmax = quantize_nf4(linear.weight)
+        packed, absmax = stored or quantize_nf4(linear.weight)
         self.weight_nf4 = torch.nn.Parameter(packed, requires_grad=False)
         self.weight_absmax = torch.nn.Parameter(absmax.contiguous().view(torch.uint8), requires_grad=False)
         self.register_buffer("code", torch.tensor(NF4_CODE), persistent=False)
@@ -219,18 +228,24 @@ def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) ->
         raise ValueError(f"base precision {precision!r}: expected bf16, fp8 or nf4")
     before = parameter_bytes(model)
     quantized, kept = 0, []
-    if precision != "bf16":
-        for name, parent, attribute, linear in frozen_linears(model):
-            layer: torch.nn.Module
-            if precision == "fp8":
-                layer = Float8FrozenLinear(linear, dtype)
-            elif linear.in_features % NF4_BLOCK == 0:
-                layer = NF4FrozenLinear(linear, dtype)
-            else:
-                kept.append(name)
-                continue
-            setattr(parent, attribute, layer)
-            quantized += 1
+    for name, parent, attribute, linear in frozen_linears(model):
+        read_as, stored = getattr(linear.weight, _READ, (precision, None))  # load_streaming's, as read
+        if read_as != precision:
+            raise ValueError(f"{name}: read for base precision {read_as}, not {precision}")
+        layer: torch.nn.Module
+        if precision == "bf16":
+            if stored is not None:
+                linear.weight = torch.nn.Parameter(stored.to(dtype), requires_grad=False)
+            continue
+        if precision == "fp8":
+            layer = Float8FrozenLinear(linear, dtype, stored)
+        elif linear.in_features % NF4_BLOCK == 0:
+            layer = NF4FrozenLinear(linear, dtype, stored)
+        else:
+            kept.append(name)
+            continue
+        setattr(parent, attribute, layer)
+        quantized += 1
     with torch.no_grad():  # everything else frozen: in the compute dtype
         for param in model.parameters():
             if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
@@ -318,8 +333,8 @@ def save_quantized(source: Path, out: Path, precision: str) -> Path:
         raise FluxClusterError(f"--precision {precision!r}: expected fp8 or nf4")
     if out.exists():
         raise FluxClusterError(f"{out}: exists; choose a new folder")
-    try:
-        model = load_pretrained(source).requires_grad_(False)
+    try:  # read a tensor at a time where it can be: a host that trains on the base can quantize it
+        model = (load_streaming(source, precision) or load_pretrained(source)).requires_grad_(False)
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise FluxClusterError(
             f"{source}: not a loadable diffusers FLUX checkpoint ({_short(exc)})"
@@ -337,65 +352,208 @@ def save_quantized(source: Path, out: Path, precision: str) -> Path:
     return publish_folder(out, fill)
 
 
-def load_quantized(path: Path) -> torch.nn.Module:
-    """The transformer of a pre-quantized checkpoint with each quantized weight dequantized to float32:
-    the model load_pretrained gives, on which LoRA is attached, and which ``quantize_base`` then quantizes
-    back to the very bytes stored (fp8: each row's absmax is 448 x its scale; nf4: each block's absmax is
-    a stored code of +-1 times its absmax). A damaged or foreign checkpoint is one FluxClusterError line."""
-    from diffusers import FluxTransformer2DModel
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+_READ = "_flux_cluster_read"
+"""The attribute of a placeholder weight (``load_streaming``) holding (precision, the weight as read)."""
 
-    file = _quantized_file(path)
-    if file is None:
-        raise FluxClusterError(f"{path}: no {QUANTIZED_WEIGHTS} (flux-cluster models quantize writes one)")
-    config = file.parent / "config.json"
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+    "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+"""safetensors' dtype names."""
+
+
+def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of a safetensors file in its stored dtype, one at a time, read into its own memory
+    (not memory-mapped, unlike safetensors' loaders: a mapped file's pages count in the process's
+    memory until it is closed). ValueError or OSError when the file is not what its header says."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 2 <= size <= 100_000_000:
+            raise ValueError(f"header of {size} bytes")
+        header = json.loads(f.read(size))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (begin, end) = _DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
+                tensor = torch.empty(shape, dtype=dtype)
+            except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+                raise ValueError(f"{name}: header entry {str(entry)[:100]} ({exc})") from None
+            if tensor.numel() * tensor.element_size() != end - begin:
+                raise ValueError(f"{name}: {end - begin} bytes for shape {shape} of {entry['dtype']}")
+            f.seek(8 + size + begin)
+            if f.readinto(tensor.reshape(-1).view(torch.uint8).numpy()) != end - begin:
+                raise ValueError(f"{name}: the file ends inside it (truncated)")
+            yield name, tensor
+            del tensor  # not held here while the next one is read
+
+
+def _transformer_files(path: Path) -> tuple[Path, list[Path]] | None:
+    """(transformer folder, its safetensors files) of a diffusers checkpoint, or None when it has none
+    (other formats load the old way: whole, in float32)."""
+    from diffusers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME
+
+    folder = path / "transformer" if (path / "transformer" / "config.json").is_file() else path
+    if (folder / SAFETENSORS_WEIGHTS_NAME).is_file():
+        return folder, [folder / SAFETENSORS_WEIGHTS_NAME]
+    if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        try:
+            shards = read_json_object(folder / SAFE_WEIGHTS_INDEX_NAME, limit=64 * MIB).get("weight_map")
+        except OutsideFileError as exc:
+            raise FluxClusterError(str(exc)) from None
+        if not isinstance(shards, dict) or not all(
+            isinstance(v, str) and "/" not in v for v in shards.values()
+        ):
+            raise FluxClusterError(
+                f"{folder / SAFE_WEIGHTS_INDEX_NAME}: weight_map: expected an object of tensor names to "
+                "file names"
+            )
+        return folder, [folder / name for name in sorted(set(shards.values()))]
+    return None
+
+
+def _placeholder(linear: torch.nn.Module, precision: str, read: object) -> torch.nn.Parameter:
+    """A linear layer's weight until quantize_base swaps the layer: float32 on the CPU as the real one
+    would be (peft makes its adapters in the base weight's dtype), one NaN broadcast to the weight's shape
+    (4 bytes; any use shows), carrying the weight as read."""
+    shape = (linear.out_features, linear.in_features)
+    weight = torch.nn.Parameter(torch.full((), float("nan")).expand(shape), requires_grad=False)
+    setattr(weight, _READ, (precision, read))
+    return weight
+
+
+def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
+    """The transformer of a diffusers checkpoint for LoRA on a base stored at ``precision``, read one tensor
+    at a time: each linear weight kept as read (bf16), or quantized at once (fp8, nf4) and its full-precision
+    tensor freed, behind a placeholder weight that ``quantize_base`` replaces after ``add_lora``. A rank holds
+    the stored base plus one layer, not the float32 model (48 GB for FLUX.1's 12B parameters). Every other
+    tensor is float32, as ``load_pretrained`` gives it; the bytes quantize_base then makes are the same.
+    A pre-quantized checkpoint (``models quantize``) keeps its stored bytes. None when the checkpoint has no
+    safetensors weights (it loads the old way)."""
+    from diffusers import FluxTransformer2DModel
+
+    prequantized = _quantized_file(path)
+    found = (prequantized.parent, [prequantized]) if prequantized else _transformer_files(path)
+    if found is None:
+        return None
+    folder, files = found
+    config = folder / "config.json"
+    expected = f"; {_EXPECTED}" if prequantized else ""
     try:
         with torch.device("meta"):
-            model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(file.parent))
+            model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
     except (OSError, ValueError, TypeError) as exc:
+        written = f" flux-cluster models quantize writes beside {QUANTIZED_WEIGHTS}" if prequantized else ""
         raise FluxClusterError(
-            f"{config}: not a FLUX transformer config ({_short(exc)}); expected the config.json "
-            f"flux-cluster models quantize writes beside {QUANTIZED_WEIGHTS}"
+            f"{config}: not a FLUX transformer config ({_short(exc)}); expected the config.json{written}"
         ) from None
-    try:
-        state = load_file(file)
-    except (OSError, SafetensorError) as exc:
-        raise FluxClusterError(
-            f"{file}: not a readable safetensors file ({_short(exc)}); {_EXPECTED}"
-        ) from None
-    code = torch.tensor(NF4_CODE)
-    for key in [k for k in state if k.endswith((".weight_fp8", ".weight_nf4"))]:
-        prefix, kind = key.rsplit(".", 1)
-        companion = f"{prefix}.weight_scale" if kind == "weight_fp8" else f"{prefix}.weight_absmax"
-        if companion not in state:
-            raise FluxClusterError(f"{file}: {key} without {companion}; {_EXPECTED}")
+    modules = dict(model.named_modules())
+    state: dict[str, torch.Tensor] = {}
+    halves: dict[str, torch.Tensor] = {}  # a pre-quantized weight's first tensor, until its companion
+    for file in files:
         try:
-            if kind == "weight_fp8":
-                weight = dequantize_fp8(state.pop(key), state.pop(companion), torch.float32)
-            else:
-                weight = dequantize_nf4(state.pop(key), state.pop(companion), code, torch.float32)
-        except RuntimeError as exc:
+            for key, tensor in read_safetensors(file):
+                prefix, _, kind = key.rpartition(".")
+                linear = modules.get(prefix)
+                if prequantized and kind in _PAIRS:
+                    first = halves.pop(f"{prefix}.{_PAIRS[kind]}", None)
+                    if first is None:
+                        halves[key] = tensor
+                        continue
+                    pair = (tensor, first) if kind in ("weight_fp8", "weight_nf4") else (first, tensor)
+                    stored = "fp8" if kind in ("weight_fp8", "weight_scale") else "nf4"
+                    state[f"{prefix}.weight"] = _prequantized_weight(
+                        file, prefix, linear, pair, stored, precision
+                    )
+                elif (
+                    not prequantized
+                    and kind == "weight"
+                    and type(linear) is torch.nn.Linear
+                    and (precision != "nf4" or linear.in_features % NF4_BLOCK == 0)
+                ):
+                    read = _quantize_rows(tensor, precision) if precision != "bf16" else tensor
+                    state[key] = _placeholder(linear, precision, read)
+                else:  # norms, biases, unquantized layers: float32 as from_pretrained makes them
+                    floating = tensor.is_floating_point() and not prequantized
+                    state[key] = tensor.float() if floating else tensor
+                del tensor  # the full-precision weight goes now, not at the next one
+        except (OSError, ValueError) as exc:
             raise FluxClusterError(
-                f"{file}: {key} and {companion} do not fit ({_short(exc)}); {_EXPECTED}"
+                f"{file}: not a readable safetensors file ({_short(exc)}){expected}"
             ) from None
-        state[f"{prefix}.weight"] = weight
+    if halves:
+        prefix, _, kind = next(iter(halves)).rpartition(".")
+        raise FluxClusterError(f"{files[0]}: {prefix}.{kind} without {prefix}.{_PAIRS[kind]}; {_EXPECTED}")
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:
-        raise FluxClusterError(f"{file}: does not fit its config.json ({_short(exc)}); {_EXPECTED}") from None
-    return model
+        raise FluxClusterError(
+            f"{files[0]}: does not fit its config.json ({_short(exc)}){expected}"
+        ) from None
+    return model.eval()  # as from_pretrained returns it
+
+
+_PAIRS = {
+    "weight_fp8": "weight_scale", "weight_scale": "weight_fp8",
+    "weight_nf4": "weight_absmax", "weight_absmax": "weight_nf4",
+}  # fmt: skip
+"""A pre-quantized layer's two stored tensors, each to its companion."""
+
+
+_ROWS_AT_ONCE = 1 << 22
+"""Weights quantized at once by ``_quantize_rows`` (their temporaries: ~16 bytes a weight)."""
+
+
+def _quantize_rows(weight: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_fp8 or quantize_nf4 of ``weight`` (as bytes), a few rows at a time: a row's bytes depend on
+    that row alone, so they are the same, and the temporaries are a few rows', not a whole layer's."""
+    quantize = quantize_fp8 if precision == "fp8" else quantize_nf4
+    parts = [quantize(rows) for rows in weight.split(max(1, _ROWS_AT_ONCE // weight.shape[1]))]
+    return torch.cat([data.view(torch.uint8) for data, _ in parts]), torch.cat([scale for _, scale in parts])
+
+
+def _prequantized_weight(
+    file: Path,
+    prefix: str,
+    linear: torch.nn.Module | None,
+    pair: tuple[torch.Tensor, torch.Tensor],
+    kind: str,
+    precision: str,
+) -> torch.nn.Parameter:
+    """The placeholder of a pre-quantized layer: its stored (data, scale) or (packed, absmax) bytes of
+    ``kind`` as they are, after checking they fit the layer the config makes at ``precision``."""
+    data, scale = pair
+    names = f"{prefix}.weight_{kind} and {prefix}.weight_{'scale' if kind == 'fp8' else 'absmax'}"
+    if type(linear) is not torch.nn.Linear:
+        raise FluxClusterError(f"{file}: {names}: config.json has no linear layer {prefix}; {_EXPECTED}")
+    rows, cols = linear.out_features, linear.in_features
+    shapes = {"fp8": ((rows, cols), (rows, 4)), "nf4": ((rows, cols // 2), (rows, cols // NF4_BLOCK * 4))}
+    fits = (
+        kind == precision
+        and (tuple(data.shape), tuple(scale.shape)) == shapes[precision]
+        and data.dtype == scale.dtype == torch.uint8
+        and (precision == "fp8" or cols % NF4_BLOCK == 0)
+    )
+    if not fits:
+        raise FluxClusterError(
+            f"{file}: {names} do not fit (shapes {list(data.shape)} and {list(scale.shape)} of "
+            f"{data.dtype} for a {precision} layer of {cols} x {rows}); {_EXPECTED}"
+        )
+    return _placeholder(linear, precision, (data, scale))
 
 
 def pretrained_base(path: Path, precision: str, mode: str) -> torch.nn.Module | None:
-    """The model of a pre-quantized ``train.pretrained_path`` (None for a plain checkpoint): only for mode
-    'lora' with the base_precision it was quantized at (one FluxClusterError line otherwise)."""
+    """Mode 'lora': the model of ``train.pretrained_path`` read by ``load_streaming`` (never whole in
+    float32); a pre-quantized checkpoint only with the base_precision it was quantized at (one
+    FluxClusterError line otherwise). None where the plain full-precision load applies (other modes, a
+    checkpoint without safetensors weights)."""
     stored = prequantized_precision(path)
-    if stored is None:
-        return None
-    if mode != "lora" or precision != stored:
+    if stored is not None and (mode != "lora" or precision != stored):
         raise FluxClusterError(
             f"train.pretrained_path {path}: a base quantized to {stored}: it trains LoRA adapters with "
             f"train.base_precision {stored} (got mode {mode!r}, base_precision {precision!r})"
         )
-    return load_quantized(path)
+    return load_streaming(path, precision) if mode == "lora" else None

@@ -68,7 +68,7 @@ def build_trainer(
     checkpointing, choice = resolve_checkpointing(plan, gpu_memory_gb, tokens)
     torch.manual_seed(seed)  # the same initial weights on every rank
     pretrained = cfg.pretrained_path if cfg.mode != "pretrain" else None
-    try:  # a pre-quantized checkpoint (flux-cluster models quantize), dequantized until LoRA is on
+    try:  # LoRA: the base read a tensor at a time, quantized as read (or pre-quantized), never whole in fp32
         prequantized = pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
     except FluxClusterError as exc:
         raise SystemExit(f"error: {exc}") from None

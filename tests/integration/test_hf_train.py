@@ -1,6 +1,6 @@
 """The hf workload end to end on tiny models: one real `flux-cluster submit --system local` (DataParallel:
-one process) and, in one torchrun of 2 gloo ranks, the other tasks, parallel modes, AMP and LoRA, and a
-mismatched LoRA target (one line, exit code 1)."""
+one process) and, in one torchrun of 2 gloo ranks, the other tasks, parallel modes, AMP and LoRA, a stop
+by SIGUSR1 mid-epoch and its resume, and a mismatched LoRA target (one line, exit code 1)."""
 
 import json
 import os
@@ -43,7 +43,13 @@ def records(run_dir: Path, name: str = "metrics_0.jsonl") -> list[dict]:
 
 
 def check_metrics(
-    run_dir: Path, task: str, parallel: str, precision: str, mode: str, set_aside: bool = False
+    run_dir: Path,
+    task: str,
+    parallel: str,
+    precision: str,
+    mode: str,
+    set_aside: bool = False,
+    epochs: int = 1,
 ) -> dict:
     """The interface of session 6 (header, step, eval and summary lines); returns the summary. set_aside:
     the files a later attempt moved to results/interrupted/."""
@@ -61,11 +67,9 @@ def check_metrics(
     steps = [r for r in lines if "loss" in r and "step_seconds" in r]
     assert steps and all(r.keys() >= STEP and r["mfu"] is None and r["samples_per_s"] > 0 for r in steps)
     assert all((r["tokens_per_s"] is None) == (task == "image-classification") for r in steps)
-    assert [r["epoch"] for r in lines if "eval_loss" in r] == [1]
+    assert [r["epoch"] for r in lines if "eval_loss" in r] == list(range(1, epochs + 1))
     assert summary.keys() >= SUMMARY and summary["hf"].keys() >= HF_SUMMARY
-    assert summary["hf"]["estimated_total_seconds"] == pytest.approx(
-        summary["hf"]["epoch_seconds"]
-    )  # 1 epoch
+    assert summary["hf"]["estimated_total_seconds"] == pytest.approx(summary["hf"]["epoch_seconds"] * epochs)
     assert "run_stop" in (run_dir / "results" / attempt.format("result_0", ".txt")).read_text()
     return summary
 
@@ -103,17 +107,23 @@ def test_submit_dp_text_classification_writes_the_run_folder(
 
 
 def test_each_task_parallel_mode_amp_and_lora_on_two_gloo_ranks(tmp_path: Path, hf_inputs: Path) -> None:
-    """causal-lm with FSDP, image classification from an imagefolder with AMP bf16, text classification
-    with LoRA (the architecture's default targets) and AMP fp16, then LoRA targets the model lacks (in
-    image's run folder, whose earlier files move aside)."""
+    """causal-lm with FSDP over 2 epochs, and the same run stopped by SIGUSR1 mid-epoch (checkpointed, exit
+    code 75 outside Slurm) then started again in its folder: it resumes, and its per-step and validation
+    losses are the uninterrupted run's; image classification from an imagefolder with AMP bf16, text
+    classification with LoRA (the architecture's default targets) and AMP fp16, then LoRA targets the model
+    lacks (in image's run folder, whose earlier files move aside)."""
     m = hf_inputs
     small = "train.micro_batch_size=4,train.global_batch_size=8"
+    # 4 steps per epoch, 2 micro-batches each; a checkpoint every 2 steps besides the stop's
+    causal = (
+        f"hf.model={m / 'gpt2'},hf.task=causal-lm,hf.data=synthetic,hf.synthetic_samples=16,"
+        "hf.seq_len=16,train.parallel=fsdp,train.micro_batch_size=1,train.global_batch_size=4,"
+        "train.epochs=2,train.log_every_steps=1,train.checkpoint_every_steps=2"
+    )
     cases = [
-        (
-            "causal",
-            f"hf.model={m / 'gpt2'},hf.task=causal-lm,hf.data=synthetic,hf.synthetic_samples=16,"
-            f"hf.seq_len=16,train.parallel=fsdp,{small}",
-        ),
+        ("causal", causal),
+        ("stopped@2", causal),  # the signal at step 2 is agreed (one step late) after step 3
+        ("stopped", causal),
         (
             "image",
             f"hf.model={m / 'vit'},hf.task=image-classification,hf.data={m / 'images'},"
@@ -146,8 +156,20 @@ def test_each_task_parallel_mode_amp_and_lora_on_two_gloo_ranks(tmp_path: Path, 
         [*command, *args], capture_output=True, text=True, env=env, timeout=300, check=False
     )
     output = done.stdout + done.stderr
-    assert done.returncode == 0 and "exit codes: [0, 0, 0, 1]" in output, output[-4000:]
-    check_metrics(tmp_path / "causal", "causal-lm", "fsdp", "fp32", "finetune")
+    assert done.returncode == 0 and "exit codes: [0, 75, 0, 0, 0, 1]" in output, output[-4000:]
+    check_metrics(tmp_path / "causal", "causal-lm", "fsdp", "fp32", "finetune", epochs=2)
+    check_metrics(tmp_path / "stopped", "causal-lm", "fsdp", "fp32", "finetune", epochs=2)
+    assert "stopped by a signal at step 3" in output and "resumed from " in output
+    assert "step_00000003 at step 3" in output.split("resumed from ")[1].splitlines()[0]
+    whole, resumed = records(tmp_path / "causal"), records(tmp_path / "stopped")
+    losses = {r["step"]: r["loss"] for r in whole if "step_seconds" in r}
+    again = {r["step"]: r["loss"] for r in resumed if "step_seconds" in r}
+    # each attempt's first step is not timed, so has no line: the stop's after 3, the resume's 4
+    assert sorted(losses) == [2, 3, 4, 5, 6, 7, 8] and sorted(again) == [2, 3, 5, 6, 7, 8]
+    assert again == {step: losses[step] for step in again}
+    evals = [[r["eval_loss"] for r in lines if "eval_loss" in r] for lines in (whole, resumed)]
+    assert evals[0] == evals[1] and len(evals[0]) == 2
+    assert sum("workload" in r for r in resumed) == 2  # one header per attempt, in one file
     check_metrics(tmp_path / "image", "image-classification", "ddp", "amp-bf16", "finetune", set_aside=True)
     assert not (tmp_path / "image" / "results" / "metrics_0.jsonl").exists()
     lora = check_metrics(tmp_path / "lora", "text-classification", "ddp", "amp-fp16", "lora")

@@ -23,16 +23,23 @@ from flux_cluster.data.prep.ensure import default_root, ensure_synthetic_root
 from flux_cluster.mlperf_rules import RULESETS
 from flux_cluster.rundir import list_runs
 
+SMALL_DATA = ("train.synthetic_data.train=512", "train.synthetic_data.val=64")
+"""For the runs that need no target: 64 val samples (each timestep 8 times), so an evaluation costs an eighth
+of the system's 512 (an eval of the bf16 run takes 10 s on 2 CPU cores)."""
+
 
 @pytest.fixture(scope="module", autouse=True)
 def synthetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One synthetic dataset for the module, where --system local looks for it."""
+    """The synthetic datasets of the module, made once where --system local looks for them: the system's
+    own, and SMALL_DATA's."""
     previous = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
     spec = load_system("local").config.train.synthetic_data
-    assert spec is not None
+    small = load_system("local", list(SMALL_DATA)).config.train.synthetic_data
+    assert spec is not None and small is not None
     from rich.console import Console
 
+    ensure_synthetic_root(small, default_root(small), Console(quiet=True))
     yield ensure_synthetic_root(spec, default_root(spec), Console(quiet=True))
     if previous is None:
         os.environ.pop("XDG_CACHE_HOME")
@@ -119,8 +126,9 @@ GPU_DEFAULTS = ("train.param_dtype=bfloat16", "train.activation_checkpointing=fu
 """What every GPU system runs (with compile, tested once below): bf16 compute, every block checkpointed."""
 
 SHORT_RUN = (
-    "train.max_samples=640",  # 40 steps of 16
-    "train.eval_every_steps=20",
+    *SMALL_DATA,
+    "train.max_samples=256",  # 16 steps of 16
+    "train.eval_every_steps=8",
     "train.target=0.01",  # out of reach: the run ends at its budget
     "train.loader_workers=1",  # the loader state includes a worker's
     # Checkpoint-wrapped blocks (the GPU default) keep diffusers' names and resume exactly; fp32, as bf16
@@ -141,7 +149,7 @@ def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losse
     metrics_file = interrupted / "results" / "metrics_0.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (
-        not metrics_file.exists() or len([r for r in metrics(interrupted) if "loss" in r]) < 20
+        not metrics_file.exists() or len([r for r in metrics(interrupted) if "loss" in r]) < 8
     ):
         time.sleep(0.1)
     for pid_file in pids.glob("*.pid"):  # what Slurm's --signal=USR1@lead does: every rank gets it
@@ -149,15 +157,15 @@ def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losse
     assert "stopped by a signal" in finish(process)
     (checkpoint,) = (interrupted / "checkpoints" / "exp_0").glob("step_*")
     stopped_at = int(checkpoint.name.removeprefix("step_"))
-    assert 20 <= stopped_at < 40
+    assert 8 <= stopped_at < 16
     assert "resumed from" in finish(start_ranks(interrupted))
 
     def by_step(run_dir: Path, field: str) -> dict[int, float]:
         return {r["step"]: r[field] for r in metrics(run_dir) if field in r}
 
-    assert by_step(interrupted, "loss") == by_step(straight, "loss")  # bit for bit, all 40 steps
+    assert by_step(interrupted, "loss") == by_step(straight, "loss")  # bit for bit, all 16 steps
     assert by_step(interrupted, "eval_loss") == by_step(straight, "eval_loss")
-    assert len(by_step(straight, "loss")) == 40
+    assert len(by_step(straight, "loss")) == 16 and len(by_step(straight, "eval_loss")) == 2
     resumed_log = (interrupted / "results" / "result_0.txt").read_text()
     assert '"key": "resumed_from_checkpoint"' in resumed_log and '"status": "aborted"' in resumed_log
     first_attempt = interrupted / "results" / "interrupted" / "result_0.attempt0.txt"
@@ -170,7 +178,7 @@ def test_the_gpu_defaults_train_on_two_cpu_ranks_and_a_missed_target_is_one_line
     """bf16, full activation checkpointing and fullgraph-compiled blocks under FSDP2, the defaults of
     every GPU system (NCCL aside), through the README's command; the budget ends before the target."""
     sets = [*GPU_DEFAULTS, "train.compile=true", "train.max_samples=96", "train.eval_every_steps=3"]
-    sets += ["train.target=0.01", "train.log_every_steps=3"]
+    sets += ["train.target=0.01", "train.log_every_steps=3", *SMALL_DATA]
     result = cli.invoke(app, ["submit", "--system", "local", *(x for s in sets for x in ("--set", s))])
     assert result.exit_code == 3, result.output[-3000:]
     assert "[train] the run ended without reaching the quality target" in result.output

@@ -190,7 +190,7 @@ def test_summary_has_gpu_hours_and_cost_of_the_run_and_its_estimate(
     )
     meter = HfMeter(ctx, one_rank, 1e9, None, devices=4)
     meter.header({})
-    meter.timed_s, meter.timed_steps, meter.timed_samples = 1800.0, 10, 80  # 180 s a step
+    meter.window.timed_s, meter.window.timed_steps, meter.timed_samples = 1800.0, 10, 80  # 180 s a step
     facts = {"seq_len": None, "task": "t", "parallel": "ddp", "precision": "fp32", "mode": "finetune"}
     meter.summary(10, 80, 1.0, 5, {**facts, "model": "m"})
     summary = json.loads(ctx.metrics_file.read_text().splitlines()[-1])["summary"]

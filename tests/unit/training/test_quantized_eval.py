@@ -1,0 +1,68 @@
+"""`evaluate` of a LoRA run on a quantized base: its base column is that quantized base (adapters off), not
+the pipeline's full-precision transformer, and it says so."""
+
+from pathlib import Path
+
+import torch
+
+from flux_cluster.evaluate import base_label
+from flux_cluster.evaluate.run import _load_pipeline, _quantized_with_adapters_off
+from flux_cluster.evaluate.show import results_table
+from flux_cluster.evaluate.target import Target
+from flux_cluster.training import model as M
+from flux_cluster.training import quantized_base as Q
+
+CPU = torch.device("cpu")
+
+
+def out_of(transformer: torch.nn.Module) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(3)
+    config = transformer.config  # type: ignore[attr-defined]
+    x = torch.randn(1, 16, 8, 8, generator=generator)
+    t5 = torch.randn(1, 8, config.joint_attention_dim, generator=generator)
+    clip = torch.randn(1, config.pooled_projection_dim, generator=generator)
+    with torch.no_grad():
+        return M.predict_velocity(transformer, x, torch.full((1,), 0.5), t5, clip, torch.float32)
+
+
+def test_a_quantized_runs_base_column_is_its_quantized_base(tiny_pipeline: Path, tmp_path: Path) -> None:
+    adapted = M.load_pretrained(tiny_pipeline)
+    M.add_lora(adapted, 4, 4.0, ["to_q", "to_k", "to_v", "to_out.0"])
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    weights = M.save_lora(M.lora_state_dict(adapted), M.lora_metadata(adapted), tmp_path / "lora")
+    target = Target(tmp_path, tmp_path, weights, "lora", tiny_pipeline, base_precision="nf4")
+
+    pipe = _load_pipeline(tiny_pipeline, CPU, torch.float32)
+    full = out_of(pipe.transformer)
+    logged: list[str] = []
+    _quantized_with_adapters_off(pipe, target, tiny_pipeline, CPU, torch.float32, logged.append)
+    quantized = M.load_pretrained(tiny_pipeline).requires_grad_(False)
+    Q.quantize_base(quantized, "nf4", torch.float32)
+    base = out_of(pipe.transformer)
+    assert torch.equal(base, out_of(quantized)) and not torch.equal(base, full)
+    assert logged and "frozen base nf4" in logged[0]
+    pipe.transformer.enable_adapters()  # the tuned column: the same base, its adapters on
+    assert not torch.equal(out_of(pipe.transformer), base)
+
+
+def test_the_base_column_is_labelled_with_its_precision() -> None:
+    assert base_label(None) == "base" and base_label("nf4") == "base nf4"
+    latency = {"p50_s": 1.0, "p90_s": 1.0, "p99_s": 1.0, "mean_s": 1.0, "images_per_s": 1.0}
+    document = {
+        "target": "run",
+        "device": "cpu",
+        "meaningful": True,
+        "latency": {
+            "base": {**latency, "peak_memory_gb": None},
+            "tuned": {**latency, "peak_memory_gb": None},
+        },
+        "clip_score": {"base": 30.0, "tuned": 31.0},
+        "val_loss": None,
+    }
+    headers = [str(c.header) for c in results_table(document).columns]
+    assert headers == ["", "base", "tuned"]
+    headers = [str(c.header) for c in results_table({**document, "base_precision": "nf4"}).columns]
+    assert headers == ["", "base nf4", "tuned"]
