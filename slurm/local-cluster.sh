@@ -165,7 +165,8 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # Private munge socket; cred_expire (default 120 s, minimum 5) is also how long a requeued job waits
-# (+1 s), and a step must launch within it: 5 s is plenty on localhost.
+# (+1 s), and a step must launch within it: 10 s, as 5 s could expire before a step launches on a loaded
+# 2-core CI machine.
 AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 
 StateSaveLocation=$STATE_DIR/ctld

@@ -19,6 +19,7 @@ from flux_cluster.config.schema import SystemConfig
 from flux_cluster.runtime.dist import DistInfo
 from flux_cluster.training.context import JobContext
 from flux_cluster.training.metrics import (
+    RunClock,
     ThroughputWindow,
     end_partial_line,
     gpu_cost,
@@ -66,15 +67,12 @@ class HfTotals:
     """The meter's whole-run figures a checkpoint carries, so a resumed run's throughput, time, GPU-hours
     and cost cover all its attempts (up to the checkpoint resumed from)."""
 
-    train_seconds: float = 0.0
-    """Wall time from run_start, evaluations and checkpoints included: what GPU-hours come from."""
-    timed_seconds: float = 0.0
-    """Time of the timed training steps alone: what the rates come from."""
-    timed_steps: int = 0
+    clock: RunClock = field(default_factory=RunClock)
+    """The FLUX job's clock: training time (lost time of killed attempts included: RunClock.after_loss),
+    the timed steps and their time, the peak memory."""
     timed_samples: int = 0
     timed_tokens: int = 0
-    peak_memory_gb: float = 0.0
-    """The highest peak memory of any rank in any attempt."""
+    """Samples and tokens of the timed steps."""
 
 
 @dataclass
@@ -100,14 +98,16 @@ class HfMeter:
     evals: list[float] = field(default_factory=list)
     carried: HfTotals = field(default_factory=HfTotals)
     """The attempts before this one, from the checkpoint resumed from."""
+    attempt: int = 0
+    """How many times this repeat was started before (0: the first attempt)."""
 
     def __post_init__(self) -> None:
         self.window = ThroughputWindow(self.info.device)
 
-    def carry(self, totals: HfTotals, evals: list[float]) -> None:
+    def carry(self, totals: HfTotals, evals: list[float], attempt: int) -> None:
         """A resumed run: its earlier attempts' figures count in the rates, time and cost."""
-        self.carried, self.evals = totals, list(evals)
-        self.window.timed_s, self.window.timed_steps = totals.timed_seconds, totals.timed_steps
+        self.carried, self.evals, self.attempt = totals, list(evals), attempt
+        self.window.timed_s, self.window.timed_steps = totals.clock.timed_seconds, totals.clock.timed_steps
         self.timed_samples, self.timed_tokens = totals.timed_samples, totals.timed_tokens
 
     def totals(self) -> HfTotals:
@@ -116,13 +116,16 @@ class HfMeter:
         window = self.window
         window_s = window.seconds() if window.steps else 0.0
         memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
-        return HfTotals(
+        carried = self.carried.clock
+        clock = RunClock(
             self.train_seconds(),
             window.timed_s + window_s,
             window.timed_steps + window.steps,
-            self.timed_samples + self.window_samples,
-            self.timed_tokens + self.window_tokens,
-            max(memory, self.carried.peak_memory_gb),
+            carried.lost_seconds,
+            max(memory, carried.peak_memory_gb),
+        )
+        return HfTotals(
+            clock, self.timed_samples + self.window_samples, self.timed_tokens + self.window_tokens
         )
 
     def write(self, record: dict[str, Any]) -> None:
@@ -174,15 +177,17 @@ class HfMeter:
         rates = self._rates(elapsed, steps, self.window_samples, window_tokens)
         mean_loss = self.window.mean_loss(self.info.world_size)
         memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
+        seconds = self.train_seconds()
         record = {
             "step": step,
             "epoch": round(epoch, 4),
             "loss": mean_loss,
             **rates,
             "peak_memory_gb": memory,
+            "train_seconds": seconds,  # how far a killed attempt got (RunClock.after_loss)
         }
         self.write(record)
-        so_far, time_scalars = time_and_cost(self.train_seconds(), self.devices, self.price)
+        so_far, time_scalars = time_and_cost(seconds, self.devices, self.price)
         say(self.info.rank == 0, _progress_line(record, lr, so_far))
         if self.tb is not None:
             scalars = (("train/loss", mean_loss), ("train/lr", lr), *_scalars(record), *time_scalars)
@@ -205,7 +210,7 @@ class HfMeter:
 
     def train_seconds(self) -> float:
         """The whole run's training time so far, earlier attempts included."""
-        return self.carried.train_seconds + time.perf_counter() - self.started
+        return self.carried.clock.train_seconds + time.perf_counter() - self.started
 
     @property
     def price(self) -> float:
@@ -243,8 +248,9 @@ class HfMeter:
         step_s = rates["step_seconds"]
         epoch_s = step_s * steps_per_epoch
         memory = _max_over_ranks(peak_memory_gb(self.info.device), self.info)
-        memory = max(memory, self.carried.peak_memory_gb)
+        memory = max(memory, self.carried.clock.peak_memory_gb)
         seconds, total_s = self.train_seconds(), epoch_s * self.ctx.plan.epochs
+        lost = self.carried.clock.lost_seconds
         gpu_hours, usd = self.cost(seconds)
         total_gpu_hours, total_usd = self.cost(total_s)
         summary = {
@@ -252,9 +258,11 @@ class HfMeter:
             "step_time_ms": step_s * 1000,
             "timed_steps": timed,
             "train_seconds": seconds,
+            "lost_seconds": lost,  # of train_seconds: past a killed attempt's last checkpoint
             "gpu_hours": gpu_hours,
             "price_per_gpu_hour": self.price or None,
             "cost_usd": usd,
+            "attempts": self.attempt + 1,  # the report takes train_seconds as the run's time when > 1
             "epochs": round(epochs, 4),
             "steps": steps,
             "samples": samples,
@@ -287,7 +295,8 @@ class HfMeter:
             f"epoch {epoch_s:,.1f} s (estimated {total_s:,.1f} s, {total_gpu_hours:.4g} GPU-hours"
             + (f", ${total_usd:,.2f}" if total_usd is not None else "")
             + f" for {self.ctx.plan.epochs} epochs), peak memory {memory:.2f} GB; this run "
-            + time_and_cost(seconds, self.devices, self.price)[0],
+            + time_and_cost(seconds, self.devices, self.price)[0]
+            + (f" ({self.attempt + 1} attempts, {lost:,.1f} s of them redone)" if self.attempt else ""),
         )
         if self.tb is not None:
             for name, value in (*summary.items(), *summary["hf"].items()):

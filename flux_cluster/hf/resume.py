@@ -7,8 +7,10 @@ its own: every epoch's order is a seeded permutation (train.shard_order), so the
 """
 
 import math
-from dataclasses import asdict, dataclass, field
+import reprlib
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -16,7 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.hf.meter import HfTotals
 from flux_cluster.safe_text import printable
-from flux_cluster.training.checkpoint import Checkpointer, CheckpointError
+from flux_cluster.training.checkpoint import STATE_FILE, Checkpointer, CheckpointError, from_rank0
 
 
 @dataclass
@@ -29,7 +31,8 @@ class HfProgress:
     attempt: int = 0
     """How many times this repeat was started (0: the first)."""
     totals: HfTotals = field(default_factory=HfTotals)
-    """The meter's figures of the attempts before, as of the checkpoint resumed from."""
+    """The meter's figures of the attempts before: the checkpoint's, plus the time attempts since it
+    spent past it (RunClock.after_loss)."""
 
     def position(self, steps_per_epoch: int) -> tuple[int, int]:
         """(epoch, index in it) of the next step."""
@@ -54,7 +57,8 @@ def save(
     }
     mine = {
         "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        # GPU only: every GPU's generator, as dp's one process drives them all (dropout on each replica)
+        "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
         "scaler": scaler.state_dict(),
     }
     return checkpoints.save(progress.step, model, optimizer, shared, mine)
@@ -68,23 +72,27 @@ def restore(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     device: torch.device,
+    metrics_file: Path,
+    rank0: bool,
 ) -> HfProgress:
     """Load the checkpoint at path (intact: Checkpointer.choose checked it) into the model, optimizer,
-    scheduler, scaler and RNGs; a checkpoint of another model, mode or world size is one line."""
+    scheduler, scaler and RNGs; a checkpoint of another model, mode or world size, or a meter that is not
+    numbers, is one line. The meter's clock counts the time attempts since the checkpoint spent past it,
+    from metrics_file (rank 0 reads it), as lost."""
     try:
         shared, mine = checkpoints.load(path, model, optimizer)
+        totals = _numbers(HfTotals, shared.get("meter"), f"{path / STATE_FILE}: meter")
         scheduler.load_state_dict(shared["scheduler"])
         if scaler.is_enabled():
             scaler.load_state_dict(mine["scaler"])
         torch.set_rng_state(mine["torch_rng"])
         if device.type == "cuda" and mine.get("cuda_rng") is not None:  # GPU only
-            torch.cuda.set_rng_state(mine["cuda_rng"], device)
+            torch.cuda.set_rng_state_all(mine["cuda_rng"])
         progress = HfProgress(
-            int(shared["step"]),
-            [float(loss) for loss in shared["evals"]],
-            int(shared["attempt"]) + 1,
-            HfTotals(**shared["meter"]),
+            int(shared["step"]), [float(loss) for loss in shared["evals"]], int(shared["attempt"]) + 1
         )
+    except FluxClusterError:
+        raise
     except CheckpointError as exc:
         raise FluxClusterError(str(exc)) from None
     except (Exception, CheckpointException) as exc:  # another model's keys or shapes: what DCP or torch raise
@@ -96,6 +104,32 @@ def restore(
             f"{path}: not a checkpoint this run can resume ({printable(reason)}); expected one of the same "
             f"hf.model, train.mode and train.parallel: move it away to start over"
         ) from None
-    if not math.isfinite(progress.totals.train_seconds):
-        raise FluxClusterError(f"{path}: train_state.json: meter.train_seconds is not a finite number")
+    clock = totals.clock.after_loss(metrics_file) if rank0 else None
+    progress.totals = HfTotals(from_rank0(clock), totals.timed_samples, totals.timed_tokens)
     return progress
+
+
+def _numbers(cls: Any, data: Any, where: str) -> Any:
+    """The dataclass cls (HfTotals, its RunClock) from data, every field checked: one line naming the key
+    of one that is missing, unknown or not a finite number >= 0 (a whole one for counts)."""
+    names = [f.name for f in fields(cls)]
+    if not isinstance(data, dict) or sorted(data) != sorted(names):
+        got = sorted(map(str, data)) if isinstance(data, dict) else reprlib.repr(data)
+        raise FluxClusterError(f"{where}: got {got}, expected an object with the keys {', '.join(names)}")
+    values = {}
+    for f in fields(cls):
+        value, key = data[f.name], f"{where}.{f.name}"
+        if is_dataclass(f.type):
+            values[f.name] = _numbers(f.type, value, key)
+            continue
+        whole = f.type is int
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+        try:
+            good = math.isfinite(number) and number >= 0 and (not whole or float(number).is_integer())
+        except OverflowError:  # an int past float's range
+            good = False
+        if not good:
+            expected = "a whole number >= 0" if whole else "a finite number >= 0"
+            raise FluxClusterError(f"{key}: got {reprlib.repr(value)}, expected {expected}")
+        values[f.name] = int(number) if whole else float(number)
+    return cls(**values)

@@ -6,7 +6,8 @@ division open) and the metrics file with seed 002's figures (flux_cluster/hf/met
 FLUX job's (flux_cluster/hf/resume.py): every train.checkpoint_every_steps / _minutes and on SIGUSR1 (the
 time-limit warning: checkpoint, then the job script requeues) or SIGTERM (checkpoint and exit); a restart
 in the same run folder resumes from the newest intact one, its per-step losses those of a run never
-stopped. Without a checkpoint a restarted repeat starts over, the earlier attempt's files set aside.
+stopped; a run that checkpoints saves its last step too, so a rerun of a finished one finishes at once.
+Without a checkpoint a restarted repeat starts over, the earlier attempt's files set aside.
 """
 
 import contextlib
@@ -30,7 +31,7 @@ from flux_cluster.hf.resume import HfProgress, restore, save
 from flux_cluster.rundir import lock_repeat, set_aside_interrupted_log
 from flux_cluster.runtime.dist import DistInfo, init_distributed
 from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
-from flux_cluster.training.checkpoint import Checkpointer, CheckpointSaveError
+from flux_cluster.training.checkpoint import Checkpointer, CheckpointSaveError, from_rank0, step_of
 from flux_cluster.training.context import JobContext
 from flux_cluster.training.metrics import open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
@@ -222,7 +223,9 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
     trainer = _Trainer(model, params, optimizer, scaler, batching, precision, device)
     progress = HfProgress()
     if resume_from is not None:  # after the set-up: the RNG states it restores are those of the step
-        progress = restore(checkpoints, resume_from, model, optimizer, scheduler, scaler, device)
+        progress = restore(
+            checkpoints, resume_from, model, optimizer, scheduler, scaler, device, ctx.metrics_file, rank0
+        )
         mllog.event("resumed_from_checkpoint", value=progress.step * plan.global_batch_size)
         say(rank0, f"resumed from {resume_from} at step {progress.step}")
 
@@ -287,6 +290,7 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
                 saved_period = agreed.period
                 _save(checkpoints, progress, meter, trainer, scheduler)
     stop_poll.close()
+    final_checkpoint(checkpoints, progress, meter, trainer, scheduler)
     samples = progress.step * plan.global_batch_size
     mllog.run_stop(success=True, samples=samples)
     mllog.close()
@@ -308,7 +312,7 @@ def _meter(
     meter.header(
         {**facts, "flops_per_step": flops, "processes": info.world_size, "devices_per_process": per_process}
     )
-    meter.carry(progress.totals, progress.evals)
+    meter.carry(progress.totals, progress.evals, progress.attempt)
     meter.tb = open_tensorboard(ctx) if info.rank == 0 and cfg.tensorboard else None
     return meter
 
@@ -336,10 +340,28 @@ def _save(
     trainer: "_Trainer",
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> Any:
-    """A checkpoint of the whole state now (a collective: every rank calls it)."""
-    progress.totals = meter.totals()
-    model, optimizer, scaler = trainer.model, trainer.optimizer, trainer.scaler
-    return save(checkpoints, progress, model, optimizer, scheduler, scaler, trainer.device)
+    """A checkpoint of the whole state now (a collective: every rank calls it). Its time is not training
+    throughput (the window is paused), though the run's time counts it."""
+    with meter.window.paused():
+        progress.totals = meter.totals()
+        model, optimizer, scaler = trainer.model, trainer.optimizer, trainer.scaler
+        return save(checkpoints, progress, model, optimizer, scheduler, scaler, trainer.device)
+
+
+def final_checkpoint(
+    checkpoints: Checkpointer,
+    progress: HfProgress,
+    meter: HfMeter,
+    trainer: "_Trainer",
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """The finished run's state, as the FLUX job's (training/loop.py): a rerun (a requeue, a crash after
+    the summary) resumes at the last step and finishes at once, not redoing the tail from the last periodic
+    checkpoint. Only a run that checkpoints at all: without one a rerun starts over, its files set aside.
+    A collective: every rank calls it."""
+    latest = from_rank0(checkpoints.latest() if checkpoints.rank == 0 else None)
+    if latest is not None and step_of(latest) != progress.step:
+        _save(checkpoints, progress, meter, trainer, scheduler)
 
 
 def distribute_and_count(

@@ -89,17 +89,18 @@ class _Run:
     def save(self) -> None:
         """A checkpoint of the whole state. A collective (the meter's clock): every rank calls it."""
         t = self.trainer
-        clock = self.meter.clock()
-        save_state(
-            self.checkpoints,
-            self.progress,
-            clock,
-            t.model,
-            t.optimizer,
-            t.scheduler,
-            self.generator,
-            self.loader,
-        )
+        with self.meter.window.paused():  # the save's time is not training throughput
+            clock = self.meter.clock()
+            save_state(
+                self.checkpoints,
+                self.progress,
+                clock,
+                t.model,
+                t.optimizer,
+                t.scheduler,
+                self.generator,
+                self.loader,
+            )
 
 
 def _train(ctx: JobContext, info: DistInfo) -> int:

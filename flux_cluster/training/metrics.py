@@ -2,10 +2,12 @@
 (results/metrics_<i>.jsonl), TensorBoard scalars, and the clock a checkpoint carries so a resumed run's
 time, throughput, GPU-hours and cost cover all its attempts."""
 
+import contextlib
 import json
 import math
 import resource
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,9 +89,9 @@ class Progress:
 
 class ThroughputWindow:
     """The steps since the last progress line, what both meters' rates come from (this module's Meter and
-    flux_cluster/hf/meter.py's): their training time (evaluations paused out, the GPU's queued work
-    included), their count and summed loss (on the device until a line reads it: no sync per step), and
-    the closed windows' totals."""
+    flux_cluster/hf/meter.py's): their training time (evaluations and checkpoint saves paused out, the
+    GPU's queued work included), their count and summed loss (on the device until a line reads it: no sync
+    per step), and the closed windows' totals."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -124,6 +126,15 @@ class ThroughputWindow:
 
     def resume(self) -> None:
         self.paused_s += time.perf_counter() - self.paused_at
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Around a checkpoint's save: its time is the run's (GPU-hours), not training throughput."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume()
 
     def mean_loss(self, world_size: int) -> float:
         """The window's mean loss over every rank's steps (a collective)."""

@@ -33,7 +33,6 @@ checkpointing. The frozen weights are not in training checkpoints (``Checkpointe
 nor in the saved adapter, so resuming re-quantizes the same pretrained weights the same way.
 """
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.outside import MIB, OutsideFileError, read_json_object
+from flux_cluster.outside import OutsideFileError
+from flux_cluster.safe_text import printable
+from flux_cluster.training.safetensors_stream import read_safetensors, transformer_files
 
 FP8_MAX = 448.0
 """The largest float8 e4m3 value: each row's absmax maps to it."""
@@ -195,7 +196,7 @@ class NF4FrozenLinear(torch.nn.Module):
         packed, absmax = stored or quantize_nf4(linear.weight)
         self.weight_nf4 = torch.nn.Parameter(packed, requires_grad=False)
         self.weight_absmax = torch.nn.Parameter(absmax.contiguous().view(torch.uint8), requires_grad=False)
-        self.register_buffer("code", torch.tensor(NF4_CODE), persistent=False)
+        self.register_buffer("code", torch.tensor(NF4_CODE, device=packed.device), persistent=False)
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
 
@@ -355,65 +356,6 @@ def save_quantized(source: Path, out: Path, precision: str) -> Path:
 _READ = "_flux_cluster_read"
 """The attribute of a placeholder weight (``load_streaming``) holding (precision, the weight as read)."""
 
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-    "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
-"""safetensors' dtype names."""
-
-
-def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each tensor of a safetensors file in its stored dtype, one at a time, read into its own memory
-    (not memory-mapped, unlike safetensors' loaders: a mapped file's pages count in the process's
-    memory until it is closed). ValueError or OSError when the file is not what its header says."""
-    with open(file, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        if not 2 <= size <= 100_000_000:
-            raise ValueError(f"header of {size} bytes")
-        header = json.loads(f.read(size))
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            try:
-                dtype, shape, (begin, end) = _DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
-                tensor = torch.empty(shape, dtype=dtype)
-            except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-                raise ValueError(f"{name}: header entry {str(entry)[:100]} ({exc})") from None
-            if tensor.numel() * tensor.element_size() != end - begin:
-                raise ValueError(f"{name}: {end - begin} bytes for shape {shape} of {entry['dtype']}")
-            f.seek(8 + size + begin)
-            if f.readinto(tensor.reshape(-1).view(torch.uint8).numpy()) != end - begin:
-                raise ValueError(f"{name}: the file ends inside it (truncated)")
-            yield name, tensor
-            del tensor  # not held here while the next one is read
-
-
-def _transformer_files(path: Path) -> tuple[Path, list[Path]] | None:
-    """(transformer folder, its safetensors files) of a diffusers checkpoint, or None when it has none
-    (other formats load the old way: whole, in float32)."""
-    from diffusers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME
-
-    folder = path / "transformer" if (path / "transformer" / "config.json").is_file() else path
-    if (folder / SAFETENSORS_WEIGHTS_NAME).is_file():
-        return folder, [folder / SAFETENSORS_WEIGHTS_NAME]
-    if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
-        try:
-            shards = read_json_object(folder / SAFE_WEIGHTS_INDEX_NAME, limit=64 * MIB).get("weight_map")
-        except OutsideFileError as exc:
-            raise FluxClusterError(str(exc)) from None
-        if not isinstance(shards, dict) or not all(
-            isinstance(v, str) and "/" not in v for v in shards.values()
-        ):
-            raise FluxClusterError(
-                f"{folder / SAFE_WEIGHTS_INDEX_NAME}: weight_map: expected an object of tensor names to "
-                "file names"
-            )
-        return folder, [folder / name for name in sorted(set(shards.values()))]
-    return None
-
 
 def _placeholder(linear: torch.nn.Module, precision: str, read: object) -> torch.nn.Parameter:
     """A linear layer's weight until quantize_base swaps the layer: float32 on the CPU as the real one
@@ -432,11 +374,13 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
     the stored base plus one layer, not the float32 model (48 GB for FLUX.1's 12B parameters). Every other
     tensor is float32, as ``load_pretrained`` gives it; the bytes quantize_base then makes are the same.
     A pre-quantized checkpoint (``models quantize``) keeps its stored bytes. None when the checkpoint has no
-    safetensors weights (it loads the old way)."""
+    safetensors weights (it loads the old way). As from_pretrained: tensors the model does not have are
+    ignored (one notice line); a missing or wrong-shaped one, or a damaged file, is one FluxClusterError
+    line naming the file, checked before anything is quantized."""
     from diffusers import FluxTransformer2DModel
 
     prequantized = _quantized_file(path)
-    found = (prequantized.parent, [prequantized]) if prequantized else _transformer_files(path)
+    found = (prequantized.parent, [prequantized]) if prequantized else transformer_files(path)
     if found is None:
         return None
     folder, files = found
@@ -451,8 +395,10 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
             f"{config}: not a FLUX transformer config ({_short(exc)}); expected the config.json{written}"
         ) from None
     modules = dict(model.named_modules())
+    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}  # the config's
     state: dict[str, torch.Tensor] = {}
     halves: dict[str, torch.Tensor] = {}  # a pre-quantized weight's first tensor, until its companion
+    unexpected: list[str] = []
     for file in files:
         try:
             for key, tensor in read_safetensors(file):
@@ -468,7 +414,16 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
                     state[f"{prefix}.weight"] = _prequantized_weight(
                         file, prefix, linear, pair, stored, precision
                     )
-                elif (
+                    continue
+                if key not in shapes:  # from_pretrained ignores them too (with a warning)
+                    unexpected.append(key)
+                    continue
+                if tuple(tensor.shape) != shapes[key]:
+                    raise FluxClusterError(
+                        f"{file}: {printable(key[:200])}: shape {list(tensor.shape)}, expected "
+                        f"{list(shapes[key])} (from {config}){expected}"
+                    )
+                if (
                     not prequantized
                     and kind == "weight"
                     and type(linear) is torch.nn.Linear
@@ -480,13 +435,21 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
                     floating = tensor.is_floating_point() and not prequantized
                     state[key] = tensor.float() if floating else tensor
                 del tensor  # the full-precision weight goes now, not at the next one
-        except (OSError, ValueError) as exc:
-            raise FluxClusterError(
-                f"{file}: not a readable safetensors file ({_short(exc)}){expected}"
-            ) from None
+        except OutsideFileError as exc:
+            raise FluxClusterError(f"{exc}{expected}") from None
+        except OSError as exc:
+            raise FluxClusterError(f"{file}: cannot be read ({exc.strerror or exc}){expected}") from None
     if halves:
         prefix, _, kind = next(iter(halves)).rpartition(".")
         raise FluxClusterError(f"{files[0]}: {prefix}.{kind} without {prefix}.{_PAIRS[kind]}; {_EXPECTED}")
+    missing = [key for key in shapes if key not in state]
+    if missing:
+        raise FluxClusterError(
+            f"{files[0]}: {len(missing)} tensors of {config} missing ({_few(missing)}){expected}"
+        )
+    if unexpected:
+        count = len(unexpected)
+        print(f"note: {files[0]}: {count} tensors the model does not have, ignored: {_few(unexpected)}")
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:
@@ -494,6 +457,12 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
             f"{files[0]}: does not fit its config.json ({_short(exc)}){expected}"
         ) from None
     return model.eval()  # as from_pretrained returns it
+
+
+def _few(keys: list[str]) -> str:
+    """The first few of many tensor names, printable, for a one-line message."""
+    more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+    return ", ".join(printable(key[:200]) for key in keys[:3]) + more
 
 
 _PAIRS = {

@@ -69,10 +69,12 @@ def build_trainer(
     torch.manual_seed(seed)  # the same initial weights on every rank
     pretrained = cfg.pretrained_path if cfg.mode != "pretrain" else None
     try:  # LoRA: the base read a tensor at a time, quantized as read (or pre-quantized), never whole in fp32
-        prequantized = pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
+        streamed_base = (
+            pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
+        )
     except FluxClusterError as exc:
         raise SystemExit(f"error: {exc}") from None
-    model = prequantized or build_model(plan.model_args, pretrained)
+    model = streamed_base or build_model(plan.model_args, pretrained)
     base = None
     if cfg.mode == "lora":
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)

@@ -129,6 +129,7 @@ SHORT_RUN = (
     *SMALL_DATA,
     "train.max_samples=256",  # 16 steps of 16
     "train.eval_every_steps=8",
+    "train.log_every_steps=2",  # step lines from step 2 on (the local system's 25: only at the eval)
     "train.target=0.01",  # out of reach: the run ends at its budget
     "train.loader_workers=1",  # the loader state includes a worker's
     # Checkpoint-wrapped blocks (the GPU default) keep diffusers' names and resume exactly; fp32, as bf16
@@ -149,7 +150,7 @@ def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losse
     metrics_file = interrupted / "results" / "metrics_0.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (
-        not metrics_file.exists() or len([r for r in metrics(interrupted) if "loss" in r]) < 8
+        not metrics_file.exists() or len([r for r in metrics(interrupted) if "loss" in r]) < 4
     ):
         time.sleep(0.1)
     for pid_file in pids.glob("*.pid"):  # what Slurm's --signal=USR1@lead does: every rank gets it
@@ -157,7 +158,7 @@ def test_a_run_stopped_by_sigusr1_resumes_and_reproduces_the_uninterrupted_losse
     assert "stopped by a signal" in finish(process)
     (checkpoint,) = (interrupted / "checkpoints" / "exp_0").glob("step_*")
     stopped_at = int(checkpoint.name.removeprefix("step_"))
-    assert 8 <= stopped_at < 16
+    assert 4 <= stopped_at < 16  # a window of 12 steps for the stop to land in
     assert "resumed from" in finish(start_ranks(interrupted))
 
     def by_step(run_dir: Path, field: str) -> dict[int, float]:

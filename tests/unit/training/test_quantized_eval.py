@@ -66,3 +66,13 @@ def test_the_base_column_is_labelled_with_its_precision() -> None:
     assert headers == ["", "base", "tuned"]
     headers = [str(c.header) for c in results_table({**document, "base_precision": "nf4"}).columns]
     assert headers == ["", "base nf4", "tuned"]
+
+
+def test_the_nf4_code_book_is_made_on_the_packed_weights_device_and_not_saved() -> None:
+    # evaluate quantizes after pipe.to(cuda): a CPU code book indexed by CUDA codes crashed there (the
+    # CUDA case runs on a GPU only; here the meta device stands in for "not the CPU")
+    layer = Q.NF4FrozenLinear(torch.nn.Linear(64, 4, device="meta"), torch.bfloat16)
+    assert layer.code.device == layer.weight_nf4.device == torch.device("meta")
+    moved = Q.NF4FrozenLinear(torch.nn.Linear(64, 4), torch.bfloat16).to("meta")
+    assert moved.code.device == torch.device("meta")  # a buffer: .to() takes it along
+    assert list(layer.state_dict()) == ["weight_nf4", "weight_absmax", "bias"]  # as checkpoints have it
