@@ -10,7 +10,8 @@
 #   4. the hf workload on a BERT-base-sized random-init model (text classification, synthetic data, ddp,
 #      amp-bf16: samples/s, tokens/s, MFU; ~30 s) and the quantized-LoRA ladder on the proxy (LoRA over a
 #      bf16 / fp8 / nf4 frozen base, eager, mbs 16: images/s and peak memory; ~30 s);
-#   5. with whatever time is left: bench2 fp8 rowwise full/ops; bench3 fp8 full with gc frozen;
+#   5. with whatever time is left: bench5 ours full/ops with the float32 gradient copy on one rank (as
+#      before parallelize.reduce_dtype); bench2 fp8 rowwise full/ops; bench3 fp8 full with gc frozen;
 #      bench4 fp8 ops at mbs 64.
 # Writes to $OUT: steps.txt (each step's end, rc and seconds), bench*.json (all facts per case), bench*.md
 # (docs/benchmarks.md-ready tables; ladder.md/json: the LoRA ladder), bench.log, job.log, hf.md (the hf
@@ -117,6 +118,10 @@ tail_step() { # name min-seconds-left bench-args...
     el "$name skipped: $(left)s left"
   fi
 }
+# ours with the float32 gradient copy on one rank, as before parallelize.reduce_dtype: bench1's ours rows
+# against these give the peak memory that change saves (CPU accounting: benchmarks/memory_accounting.py).
+# First of the tail: bench2's rowwise compiles have run past their share before.
+tail_step bench5 60 --cases ours:full,ours:ops --reduce-dtype float32
 tail_step bench2 60 --cases ours-fp8:full,ours-fp8:ops --fp8-recipes rowwise
 tail_step bench3 45 --cases ours-fp8:full --gc frozen
 tail_step bench4 45 --cases ours-fp8:ops:64
@@ -125,7 +130,7 @@ tail_step bench4 45 --cases ours-fp8:ops:64
 {
   echo "# gpu_check $(date -u +%Y-%m-%dT%H:%MZ)"
   head -2 "$OUT/steps.txt"
-  for f in "$OUT"/bench[1-4].md "$OUT"/ladder.md "$OUT"/hf.md; do
+  for f in "$OUT"/bench[1-5].md "$OUT"/ladder.md "$OUT"/hf.md; do
     [ -f "$f" ] && { echo; echo "## $(basename "$f" .md)"; echo; cat "$f"; }
   done
 } >"$OUT/benchmarks.md"

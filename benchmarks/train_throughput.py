@@ -32,7 +32,8 @@ of samples/s: ours and ours-fp8 over the peer, ours-fp8 over ours, wherever both
 out of memory, or fails otherwise, gets a one-line note and the run goes on; rows print as they finish
 and --json/--markdown are rewritten after each case. ours-fp8 runs once per --fp8-recipes (torchao
 tensorwise, rowwise); --gc frozen freezes what exists after warm-up out of garbage collection;
---cases picks impl:mode pairs; --profile writes one profiled step's top operators per case (GPU).
+--cases picks impl:mode pairs; --profile writes one profiled step's top operators per case (GPU);
+--reduce-dtype float32 makes ours' one-rank gradient copy float32, as before parallelize.reduce_dtype.
 """
 
 import argparse
@@ -88,6 +89,13 @@ def parse_args() -> argparse.Namespace:
         "of --impls x --checkpointing (x --batches)",
     )
     parser.add_argument("--profile", type=Path, help="GPU: one profiled step's top operators per case here")
+    parser.add_argument(
+        "--reduce-dtype",
+        choices=("auto", "float32"),
+        default="auto",
+        help="ours' gradient copy for FSDP's reduce: auto (parallelize.reduce_dtype: the compute dtype on "
+        "one rank) or float32 (as before it: to measure the memory it saves)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps, and as many phase-timed ones")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 TFLOP/s")
@@ -147,6 +155,10 @@ def main() -> None:
         return
     # The peer's autocast feeds bf16 to float32 RMSNorm weights: torch says, once, it cannot fuse that.
     warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+    if args.reduce_dtype == "float32":
+        from flux_cluster.training import parallelize
+
+        parallelize.reduce_dtype = lambda *_: torch.float32  # parallelize() looks it up at each call
     cuda = torch.cuda.is_available() and not args.smoke
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if args.smoke:
@@ -166,6 +178,8 @@ def main() -> None:
         f"sample; MFU vs {args.peak_tflops:g} TFLOP/s (datasheet) and vs {gemm.tflops:.1f} (measured bf16 "
         f"GEMM {'x'.join(map(str, gemm.shape))})"
     )
+    if args.reduce_dtype == "float32":
+        header += "; ours' one-rank gradient copy in float32 (--reduce-dtype float32, as before)"
     console.print(header)
     facts = {
         "device": name,
@@ -177,6 +191,7 @@ def main() -> None:
         "peak_tflops_datasheet": args.peak_tflops,
         "gemm_peak": asdict(gemm),
         "steps": args.steps,
+        "reduce_dtype": args.reduce_dtype,
         "warmup": args.warmup,
     }
     rows: list[Row] = []

@@ -7,6 +7,7 @@ RecursionError or ValueError traceback (deep nesting, 4,300+-digit numbers).
 """
 
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ MIB = 1024 * KIB
 # A JSON state file of ours (jobs.json, a manifest, a spec) is a few KiB; metadata files can be larger.
 SMALL_JSON = 4 * MIB
 LINE_LIMIT = 1 * MIB
+MAX_COUNT = 2**53
+"""Counts (samples, nodes) above this are not exact as floats: no real file has them."""
 
 
 class OutsideFileError(FluxClusterError, ValueError):
@@ -148,3 +151,24 @@ def _size(limit: int) -> str:
     if limit >= MIB and limit % MIB == 0:
         return f"{limit // MIB} MiB"
     return f"{limit // KIB} KiB" if limit >= KIB and limit % KIB == 0 else f"{limit} bytes"
+
+
+def finite_number(value: Any) -> bool:
+    """A JSON/YAML number usable as a float: not bool, not NaN or infinite, no int past float range."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= 1 << 1023  # math.isfinite would raise OverflowError beyond
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def non_negative(value: Any) -> float | None:
+    """value as a float if it is a finite number >= 0, else None."""
+    return float(value) if finite_number(value) and value >= 0 else None
+
+
+def whole_number(value: Any, low: int = 0, high: int = MAX_COUNT) -> int | None:
+    """value as an int if it is a whole number from low to high (262144.0 counts as 262144), else None."""
+    if not finite_number(value) or not low <= value <= high or value != int(value):
+        return None
+    return int(value)

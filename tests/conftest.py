@@ -5,9 +5,13 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from typer.testing import CliRunner
+
+if TYPE_CHECKING:
+    from flux_cluster.runtime.dist import DistInfo
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_SYSTEMS = (
@@ -72,6 +76,20 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 def shipped_systems() -> tuple[str, ...]:
     """The systems the issue requires the project to ship."""
     return SHIPPED_SYSTEMS
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator["DistInfo"]:
+    """A one-rank gloo process group (what a job's collectives need), torn down after the test."""
+    import torch
+    import torch.distributed as dist
+
+    from flux_cluster.runtime.dist import DistInfo
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield DistInfo(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    dist.destroy_process_group()
 
 
 @pytest.fixture

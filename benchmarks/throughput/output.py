@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flux_cluster.config.workload import ModelArgs, load_workload
+from flux_cluster.training.batch_choice import choose_micro_batch
 from flux_cluster.training.memory import AUTO_HEADROOM, choose_checkpointing, estimate_memory
 from throughput.cases import PHASES, Row
 
@@ -148,7 +149,8 @@ def _nan_to_null(value: object) -> object:
 
 
 def print_memory_estimate(args: argparse.Namespace, console: Console) -> None:
-    full_depth = load_workload("flux1")[0].models["flux-schnell"]
+    workload = load_workload("flux1")[0]
+    full_depth = workload.models["flux-schnell"]
     headers, rows = memory_table(full_depth, args.world_sizes, args.batches, args.checkpointing, args.gpu_gb)
     title = (
         "Memory per GPU, estimated: flux-schnell (19+38 blocks), FSDP over 'world' ranks, bf16, compiled; "
@@ -156,3 +158,9 @@ def print_memory_estimate(args: argparse.Namespace, console: Console) -> None:
         f"'auto' takes the least recompute under {1 - AUTO_HEADROOM:.0%} of --gpu-gb"
     )
     console.print(rich_table(title, headers, rows))
+    assert workload.mlperf is not None
+    gbs = workload.mlperf.global_batch_size
+    for world in (w for w in args.world_sizes if gbs % w == 0):  # train.micro_batch_size 'auto'
+        choice = choose_micro_batch(full_depth, world, gbs // world, "auto", args.gpu_gb)
+        line = f"world {world}, global batch {gbs}: {choice.describe()}"
+        console.print(line, markup=False, highlight=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 
 from flux_cluster.config.workload import ModelArgs
 from flux_cluster.training.attention import attention_backend
@@ -27,6 +28,7 @@ class Trainer:
     params: list[torch.nn.Parameter]
     input_dtype: torch.dtype  # what predict_velocity casts the inputs to
     autocast: bool
+    attention: str = "auto"  # train.attention_backend; 'flash' on the CPU too counts what GPUs keep
 
 
 @dataclass
@@ -58,22 +60,29 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def adamw(params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
-    kind = {"fused": True} if device.type == "cuda" else {"foreach": True}
+def adamw(
+    params: list[torch.nn.Parameter], device: torch.device, fused: bool = False
+) -> torch.optim.Optimizer:
+    kind = {"fused": True} if fused or device.type == "cuda" else {"foreach": True}
     betas = (ADAMW["beta_1"], ADAMW["beta_2"])
     return torch.optim.AdamW(
         params, lr=1e-4, betas=betas, eps=ADAMW["epsilon"], weight_decay=ADAMW["weight_decay"], **kind
     )
 
 
-def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
+def build_ours(
+    case: Case, args: ModelArgs, device: torch.device, mesh: DeviceMesh | None = None, as_on_gpu: bool = False
+) -> Trainer:
+    """``mesh``: a 1-rank mesh made beforehand (memory_accounting.py builds under a fake tensor mode,
+    which cannot make one); ``as_on_gpu``: on the CPU too, the model built on the meta device and AdamW
+    fused, as on a GPU (memory_accounting.py)."""
     torch.manual_seed(0)
-    model = build_model(args, meta_init=device.type == "cuda")
+    model = build_model(args, meta_init=as_on_gpu or device.type == "cuda")
     if case.impl.startswith("lora-"):
         lora_on_quantized_base(model, case.impl.removeprefix("lora-"), device)
     parallelize(
         model,
-        make_mesh(device, 1, 1),
+        mesh or make_mesh(device, 1, 1),
         device,
         param_dtype=torch.bfloat16,
         activation_checkpointing=case.checkpointing,
@@ -82,7 +91,7 @@ def build_ours(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
         fp8_recipe=case.fp8_recipe or "tensorwise",
     )
     params = [p for p in model.parameters() if p.requires_grad]
-    return Trainer(model, adamw(params, device), params, torch.bfloat16, autocast=False)
+    return Trainer(model, adamw(params, device, as_on_gpu), params, torch.bfloat16, autocast=False)
 
 
 def lora_on_quantized_base(model: torch.nn.Module, precision: str, device: torch.device) -> None:
@@ -105,7 +114,10 @@ def lora_on_quantized_base(model: torch.nn.Module, precision: str, device: torch
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def build_peer(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
+def build_peer(
+    case: Case, args: ModelArgs, device: torch.device, mesh: DeviceMesh | None = None, as_on_gpu: bool = False
+) -> Trainer:
+    """As build_ours (``mesh`` unused: the peer has no FSDP; ``as_on_gpu``: AdamW fused)."""
     torch.manual_seed(0)
     model = build_model(args, meta_init=device.type == "cuda")
     if device.type == "cuda":
@@ -120,7 +132,7 @@ def build_peer(case: Case, args: ModelArgs, device: torch.device) -> Trainer:
             for block in [*model.transformer_blocks, *model.single_transformer_blocks]:
                 block.compile(fullgraph=True)
     params = list(model.parameters())
-    return Trainer(model, adamw(params, device), params, torch.float32, autocast=True)
+    return Trainer(model, adamw(params, device, as_on_gpu), params, torch.float32, autocast=True)
 
 
 def host_batch(shape: Shape, micro_batch: int, cuda: bool) -> list[torch.Tensor]:
@@ -144,7 +156,7 @@ def train_step(
     eps, noise = torch.randn_like(mean), torch.randn_like(mean)
     t = torch.rand(mean.shape[0], device=device)
     x_t, target = interpolate(sample_latents(mean, logvar, eps), noise, t)
-    with attention_backend("auto", device):
+    with attention_backend(trainer.attention, device):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=trainer.autocast):
             prediction = predict_velocity(trainer.model, x_t, t, t5, clip, trainer.input_dtype)
         loss = F.mse_loss(prediction.float(), target)

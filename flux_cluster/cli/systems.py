@@ -98,6 +98,15 @@ def show_system(
         from flux_cluster.config.training import FP8_STATUS
 
         console.print(FP8_STATUS, markup=False, highlight=False, soft_wrap=True)
+    if resolved.config.train.micro_batch_size == "auto":  # what submit would pick
+        from flux_cluster.training.batch_choice import resolve_micro_batch  # torch loads here
+
+        try:
+            choice = resolve_micro_batch(resolved.config)[1]
+            line = choice.describe() if choice else ""
+        except FluxClusterError as exc:
+            line = str(exc)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     _print_image_status(console, resolved.config, name)
 
 

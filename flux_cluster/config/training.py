@@ -6,9 +6,19 @@ the learning rate and warmup from the preset of the global batch size, the eval 
 time, and that plan is what the ranks read.
 """
 
+import contextlib
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 CheckpointMode = Literal["auto", "full", "alternate", "single", "ops", "none"]
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
@@ -28,6 +38,8 @@ TrainMode = Literal["pretrain", "finetune", "lora"]
 OptimizerName = Literal["adamw", "adamw8bit", "prodigy"]
 BasePrecision = Literal["bf16", "fp8", "nf4"]
 DEFAULT_CAPTION_DROPOUT = 0.1
+DEFAULT_MICRO_BATCH = 16
+"""train.micro_batch_size unless set; the least 'auto' takes while anything that large fits."""
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
 
 
@@ -70,8 +82,17 @@ class TrainConfig(BaseModel):
     global_batch_size: int | None = Field(default=None, ge=1)
     """Samples per optimizer step across all ranks (MLPerf's global_batch_size); None takes the workload's:
     flux1 the reference's 512, fine-tuning one micro-batch per rank (no gradient accumulation)."""
-    micro_batch_size: int = Field(default=16, ge=1)
-    """Samples per rank per forward/backward; the rest of the global batch is gradient accumulation."""
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = DEFAULT_MICRO_BATCH
+    """Samples per rank per forward/backward; the rest of the global batch is gradient accumulation.
+    'auto' (opt-in; the flux1 workload on systems with gpu_memory_gb): resolved at submit
+    (training/batch_choice.py) to a divisor of the per-rank share of the global batch (global_batch_size /
+    ranks). Checkpointing first, micro-batch second: the mode is activation_checkpointing's (for 'auto':
+    the least recompute of its order in which a divisor of at least 16 fits), then the micro-batch is the
+    largest divisor whose estimated peak under that mode fits 90% of gpu_memory_gb (the headroom
+    checkpointing 'auto' leaves). So 'auto' never trades recomputation for a bigger micro-batch, and goes
+    below 16 (or the share, if smaller) only when nothing that large fits in any mode, which its line
+    then says. The job prints the choice and its estimate at start; systems without gpu_memory_gb refuse
+    it in one line."""
     learning_rate: float | None = Field(default=None, gt=0)
     """Peak AdamW learning rate; None takes the preset of global_batch_size."""
     warmup_steps: int | None = Field(default=None, ge=0)
@@ -162,6 +183,16 @@ class TrainConfig(BaseModel):
         rate = self.caption_dropout if self.caption_dropout is not None else self.cfg_dropout
         return DEFAULT_CAPTION_DROPOUT if rate is None else rate
 
+    @field_validator("micro_batch_size", mode="wrap")
+    @classmethod
+    def _micro_batch(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        # pydantic's int conversion ("8", 8.0 -> 8) but no bools, and one line for anything else (a
+        # union's errors would name its members)
+        if not isinstance(value, bool):
+            with contextlib.suppress(ValidationError):
+                return handler(value)
+        raise ValueError(f"got {value!r}, expected an integer >= 1 or 'auto'")
+
     @field_validator("activation_checkpointing", mode="before")
     @classmethod
     def _checkpointing_flag(cls, value: object) -> object:
@@ -190,7 +221,8 @@ class TrainConfig(BaseModel):
                 f"precision 'fp8' needs param_dtype 'bfloat16' and mode 'pretrain' or 'finetune' "
                 f"(got param_dtype {self.param_dtype!r}, mode {self.mode!r})"
             )
-        if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
+        mbs = self.micro_batch_size
+        if self.global_batch_size is not None and mbs != "auto" and self.global_batch_size % mbs:
             raise ValueError(
                 f"global_batch_size {self.global_batch_size} is not a multiple of "
                 f"micro_batch_size {self.micro_batch_size}"

@@ -120,6 +120,35 @@ class Workload(_Strict):
         return self
 
 
+class MicroBatchChoice(_Strict):
+    """How train.micro_batch_size 'auto' chose (flux_cluster/training/batch_choice.py), at submit."""
+
+    micro_batch: int
+    share: int
+    """The per-rank share of the global batch (global_batch_size / ranks): the choice divides it."""
+    checkpointing: str
+    """The activation checkpointing mode the choice assumes, at flux1's 256 image and 256 text tokens;
+    checkpointing 'auto' re-chooses at the job's start from the dataset's own tokens (the same mode at
+    256 and 256)."""
+    estimate_gb: float
+    """The estimated peak per GPU at micro_batch under checkpointing."""
+    budget_gb: float
+    """The GPU's memory less checkpointing 'auto''s headroom."""
+    floor: int
+    """The least 'auto' takes while anything that large fits: the largest divisor of the share up to the
+    default micro-batch (16)."""
+
+    def describe(self) -> str:
+        over = self.estimate_gb > self.budget_gb
+        below = self.micro_batch < self.floor
+        return (
+            f"micro-batch auto -> {self.micro_batch} (of {self.share} per rank) with checkpointing "
+            f"{self.checkpointing}: estimated peak {self.estimate_gb:.1f} GB per GPU, "
+            f"{'over' if over else 'within'} {self.budget_gb:.1f} GB"
+            + (f"; below {self.floor}: nothing larger fits in any mode" if below else "")
+        )
+
+
 class TrainingPlan(_Strict):
     """Everything the ranks need beyond the system config, fully resolved."""
 
@@ -135,6 +164,8 @@ class TrainingPlan(_Strict):
     dp_replicate: int
     grad_accum_steps: int
     workload_file: str
+    micro_batch_auto: MicroBatchChoice | None = None
+    """How train.micro_batch_size 'auto' chose the micro-batch in train (None: set in the config)."""
 
     @property
     def global_batch_size(self) -> int:
@@ -190,7 +221,7 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
         return _resolve_finetune(system, workload, path)
     assert workload.mlperf is not None
     world = system.nodes * system.gpus_per_node
-    gbs, mbs = train.global_batch_size or workload.mlperf.global_batch_size, train.micro_batch_size
+    gbs, mbs = train.global_batch_size or workload.mlperf.global_batch_size, _micro_batch(train)
     _check_split(gbs, mbs, world)
     preset = workload.batch_presets.get(gbs)
     if preset is None and (train.learning_rate is None or train.warmup_steps is None):
@@ -242,7 +273,7 @@ def _for_epochs(system: SystemConfig, facts: FinetuneFacts, learning_rate: float
     the workload's rate, warmup and epochs), and the ranks."""
     train = system.train
     world = system.nodes * system.gpus_per_node
-    mbs = train.micro_batch_size
+    mbs = _micro_batch(train)
     gbs = train.global_batch_size or mbs * world
     _check_split(gbs, mbs, world)
     filled = _with(
@@ -331,6 +362,16 @@ def _resolve_hf(system: SystemConfig, workload: Workload, path: Path) -> Trainin
         }
     )
     return _epochs_plan(filled, world, world, "hf", workload, path)  # hf's FSDP shards over every rank
+
+
+def _micro_batch(train: TrainConfig) -> int:
+    """train.micro_batch_size; 'auto' needs the memory estimate (torch), so submit resolves it first."""
+    if train.micro_batch_size == "auto":
+        raise FluxClusterError(
+            "train.micro_batch_size: 'auto' is resolved by 'flux-cluster submit' (or preflight); "
+            "set a number to resolve the config here"
+        )
+    return train.micro_batch_size
 
 
 def _check_split(gbs: int, mbs: int, world: int) -> None:

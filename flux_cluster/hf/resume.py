@@ -6,7 +6,6 @@ manifest before a resume, a damaged one skipped with one line. The position in t
 its own: every epoch's order is a seeded permutation (train.shard_order), so the step says where to go on.
 """
 
-import math
 import reprlib
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.hf.meter import HfTotals
+from flux_cluster.outside import non_negative, whole_number
 from flux_cluster.safe_text import printable
 from flux_cluster.training.checkpoint import STATE_FILE, Checkpointer, CheckpointError, from_rank0
 
@@ -123,13 +123,9 @@ def _numbers(cls: Any, data: Any, where: str) -> Any:
             values[f.name] = _numbers(f.type, value, key)
             continue
         whole = f.type is int
-        number = value if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
-        try:
-            good = math.isfinite(number) and number >= 0 and (not whole or float(number).is_integer())
-        except OverflowError:  # an int past float's range
-            good = False
-        if not good:
+        number = whole_number(value) if whole else non_negative(value)
+        if number is None:
             expected = "a whole number >= 0" if whole else "a finite number >= 0"
             raise FluxClusterError(f"{key}: got {reprlib.repr(value)}, expected {expected}")
-        values[f.name] = int(number) if whole else float(number)
+        values[f.name] = number
     return cls(**values)

@@ -28,8 +28,8 @@ from flux_cluster.hf.meter import HfMeter, count_flops, peak_tflops, tokens_in
 from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets, match_padding
 from flux_cluster.hf.parallel import check_dp_gpus, devices_per_process, wrap
 from flux_cluster.hf.resume import HfProgress, restore, save
-from flux_cluster.rundir import lock_repeat, set_aside_interrupted_log
-from flux_cluster.runtime.dist import DistInfo, init_distributed
+from flux_cluster.rundir import set_aside_interrupted_log
+from flux_cluster.runtime.dist import DistInfo, init_distributed, lock_repeat_on_rank0
 from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointSaveError, from_rank0, step_of
 from flux_cluster.training.context import JobContext
@@ -61,7 +61,7 @@ def run(ctx: JobContext, info: DistInfo) -> int:
     stop = StopRequest(on_sigterm=True).install()
     lock = None
     try:
-        lock = _lock(ctx, info)
+        lock = lock_repeat_on_rank0(ctx.run_dir, ctx.exp_index, info.rank)
         return _train(ctx, info, stop)
     except FluxClusterError as exc:
         # every rank reads the same files: one line is enough, but a sample only this rank met is its to say
@@ -75,22 +75,6 @@ def run(ctx: JobContext, info: DistInfo) -> int:
     finally:
         if lock is not None:
             lock.close()
-
-
-def _lock(ctx: JobContext, info: DistInfo) -> Any:
-    """Rank 0 locks the repeat, so an attempt whose ranks outlived their launcher and a new one never
-    write it (or its checkpoints) at once; every rank learns whether it could."""
-    lock, refused = None, None
-    if info.rank == 0:
-        try:
-            lock = lock_repeat(ctx.run_dir, ctx.exp_index)
-        except FluxClusterError as exc:
-            refused = str(exc)
-    verdict = [refused]
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise FluxClusterError(verdict[0])
-    return lock
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,13 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
         config = config.model_copy(
             update={"mlperf": config.mlperf.model_copy(update={"seed_base": seed_base})}
         )
+    micro_batch_auto = None
+    if config.train.micro_batch_size == "auto":  # the run's config records the number chosen
+        from flux_cluster.training.batch_choice import resolve_micro_batch  # torch loads here
+
+        config, micro_batch_auto = resolve_micro_batch(config)
+        assert micro_batch_auto is not None
+        console.print(micro_batch_auto.describe(), markup=False, highlight=False)
     # train runs group under their workload (flux1, finetune), other jobs under the job's name
     experiment = request.experiment or (config.train.benchmark if request.job == "train" else request.job)
     if not re.fullmatch(PLAIN_NAME_PATTERN, experiment):
@@ -149,7 +156,8 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
             config = _with_training_data(
                 config, make=not request.dry_run, console=console, data=not request.synthetic
             )
-        training = resolve_training(config).model_dump(mode="json")
+        resolved_plan = resolve_training(config).model_copy(update={"micro_batch_auto": micro_batch_auto})
+        training = resolved_plan.model_dump(mode="json")
 
     run_dir = create_run_dir(root, experiment, request.run_name or config.name)
     plan = make_plan(

@@ -120,6 +120,11 @@ def one_step_batch(config: "SystemConfig") -> list[str]:
     from flux_cluster.config.workload import load_workload
 
     train = config.train
+    if train.micro_batch_size == "auto":
+        raise FluxClusterError(
+            "train.micro_batch_size: 'auto' divides the global batch: --set train.global_batch_size=N "
+            "(a throughput sweep otherwise sizes it from the micro-batch)"
+        )
     gbs = train.micro_batch_size * config.nodes * config.gpus_per_node
     derived = [f"train.global_batch_size={gbs}"]
     workload, _ = load_workload(train.benchmark)
@@ -193,6 +198,10 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
                 config = load_system(
                     request.system, point_overrides(request.overrides, point, request.here)
                 ).config
+            if config.train.micro_batch_size == "auto":  # as submit resolves it for the point's run
+                from flux_cluster.training.batch_choice import resolve_micro_batch  # torch loads here
+
+                config = resolve_micro_batch(config)[0]
             training = resolve_training(config)  # both jobs train
             mlperf = config.mlperf
             if slurm_points and request.job == "train" and mlperf.nexp > 1 and mlperf.nexp_mode == "array":

@@ -30,7 +30,8 @@ from flux_cluster.config.loader import ConfigLoader
 from flux_cluster.config.training import TrainMode
 from flux_cluster.evaluate import KIND as EVAL_KIND
 from flux_cluster.mlperf_rules import RULESETS, TOKEN
-from flux_cluster.report.harvest import finite_number, per_system
+from flux_cluster.outside import finite_number
+from flux_cluster.report.harvest import per_system
 from flux_cluster.rundir import (
     CHECKPOINTS_DIR,
     INTERRUPTED_DIR,

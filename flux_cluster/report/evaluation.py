@@ -16,11 +16,12 @@ import re
 import reprlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from flux_cluster.config.training import BasePrecision
 from flux_cluster.evaluate import KIND, grid_name
+from flux_cluster.outside import non_negative, whole_number
 from flux_cluster.report.discover import _natural, _read_small, _reason
-from flux_cluster.report.harvest import non_negative, whole_number
 
 SCHEMA = 1
 EVALUATIONS_ONLY = "evaluate"
@@ -35,6 +36,7 @@ LATENCY_KEYS = ("p50_s", "p90_s", "p99_s", "mean_s", "images_per_s")
 """Always numbers; peak_memory_gb too where it was measured (null on a CPU, as evaluate writes it)."""
 SETTING_KEYS = ("steps", "guidance", "resolution", "runs", "warmup", "prompts", "seed")
 WEIGHTS_KINDS = ("lora", "transformer")
+BASE_PRECISIONS = get_args(BasePrecision)
 
 
 @dataclass
@@ -66,6 +68,9 @@ class EvalResult:
     """False unless the file says true: a figure of unknown standing is not presented as a measurement."""
     meaningful_reason: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    base_precision: str | None = "bf16"
+    """The base the 'base' columns measured: a LoRA run's quantized base (fp8, nf4), else (absent) bf16;
+    None when the file names an unknown one."""
     base: Latency | None = None
     tuned: Latency | None = None
     clip_base: float | None = None
@@ -138,6 +143,10 @@ def read_eval(path: Path, warnings: list[str]) -> EvalResult | None:
         reader.bad("weights_kind", kind, f"one of {WEIGHTS_KINDS} or null")
         kind = None
     result.weights_kind = kind
+    precision = document.get("base_precision", "bf16")  # evaluate writes it for a quantized base only
+    result.base_precision = precision if precision in BASE_PRECISIONS else None
+    if result.base_precision is None:
+        reader.bad("base_precision", precision, f"one of {BASE_PRECISIONS} or absent (bf16)")
     meaningful = document.get("meaningful")
     if isinstance(meaningful, bool):
         result.meaningful = meaningful

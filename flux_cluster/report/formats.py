@@ -208,6 +208,7 @@ EVAL_COLUMNS = [
     Column("device", lambda e: e.device, wrap=True),
     Column("model", lambda e: e.model, terminal=False, wrap=True),
     Column("weights", lambda e: e.weights_kind),
+    Column("base", lambda e: e.base_precision),
     Column("steps", lambda e: e.settings.get("steps")),
     Column("resolution", lambda e: e.settings.get("resolution"), terminal=False),
     Column("p50 s base", _latency("base", "p50_s"), "{:.4g}"),

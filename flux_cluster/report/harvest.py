@@ -28,10 +28,9 @@ from flux_cluster.mlperf_rules import (
     TOKEN,
     bounded_lines,
 )
+from flux_cluster.outside import MAX_COUNT, finite_number, non_negative, whole_number
 
 KEY_MARK = b'"key": "'
-MAX_COUNT = 2**53
-"""Counts (samples, nodes) above this are not exact as floats: no real log has them."""
 MAX_PER_SYSTEM = 1_000_000
 """Upper bound for number_of_nodes and accelerators_per_node (far above any machine)."""
 
@@ -279,27 +278,6 @@ class _Scan:
             self.eval_intervals.stop(time_ms, samples)
         else:
             self.points.setdefault(key, value)
-
-
-def finite_number(value: Any) -> bool:
-    """A JSON/YAML number usable as a float: not bool, not NaN or infinite, no int past float range."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return abs(value) <= 1 << 1023  # math.isfinite would raise OverflowError beyond
-    return isinstance(value, float) and math.isfinite(value)
-
-
-def non_negative(value: Any) -> float | None:
-    """value as a float if it is a finite number >= 0, else None."""
-    return float(value) if finite_number(value) and value >= 0 else None
-
-
-def whole_number(value: Any, low: int = 0, high: int = MAX_COUNT) -> int | None:
-    """value as an int if it is a whole number from low to high (262144.0 counts as 262144), else None."""
-    if not finite_number(value) or not low <= value <= high or value != int(value):
-        return None
-    return int(value)
 
 
 def per_system(key: str, value: Any) -> tuple[int | None, str | None]:

@@ -29,8 +29,9 @@ from typing import Any, TypeVar, get_args
 from flux_cluster.config.hf import HfTask
 from flux_cluster.config.training import HfParallel, HfPrecision
 from flux_cluster.mlperf_rules import bounded_lines
+from flux_cluster.outside import non_negative, whole_number
 from flux_cluster.report.finetune import read_fine_tuning
-from flux_cluster.report.harvest import HfRun, RunResult, non_negative, whole_number
+from flux_cluster.report.harvest import HfRun, RunResult
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.rundir import RESULTS_DIR, metrics_file, repeat_of
 

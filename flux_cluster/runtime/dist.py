@@ -6,7 +6,11 @@ import os
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, NoReturn
+
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.rundir import lock_repeat
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +68,25 @@ def init_distributed(preference: str = "auto", timeout_s: int = 600) -> DistInfo
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend, device)
+
+
+def lock_repeat_on_rank0(run_dir: Path, exp_index: int, rank: int) -> IO[str] | None:
+    """Rank 0 locks this repeat of the run, so an attempt whose ranks outlived their launcher and a new one
+    never write it (or its checkpoints) at once; every rank learns whether it could: another holder is the
+    same one-line FluxClusterError on every rank. Rank 0 returns the lock (held while it stays open)."""
+    import torch.distributed as dist
+
+    lock, refused = None, None
+    if rank == 0:
+        try:
+            lock = lock_repeat(run_dir, exp_index)
+        except FluxClusterError as exc:
+            refused = str(exc)
+    verdict = [refused]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise FluxClusterError(verdict[0])
+    return lock
 
 
 def exit_rank(code: int) -> NoReturn:

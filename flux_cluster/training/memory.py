@@ -5,7 +5,8 @@ estimated without a GPU. GB here is 1e9 bytes, as ``torch.cuda.max_memory_alloca
   parameter, sharded over the FSDP group (``world_size`` ranks).
 - gathered parameters: FSDP all-gathers a block's parameters in the compute dtype just before it runs and
   prefetches the next: two blocks are unsharded at once, in the backward with their compute-dtype
-  gradients, and the gradient being reduced is cast to float32 for the reduce-scatter (``reduce_dtype``).
+  gradients, and the gradient being reduced is cast to float32 for the reduce-scatter (``reduce_dtype``;
+  on one rank it is only copied, in the compute dtype).
   The root unit (embedders and head) stays gathered from the forward through the backward.
 - activations: what the autograd graph keeps when the forward is done, measured by running one
   double-stream and one single-stream block at the real shapes on the meta device (no memory, no
@@ -52,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from flux_cluster.config.training import TrainConfig
 from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.training.model import parameter_count, predict_velocity
 from flux_cluster.training.parallelize import checkpointed, wrap_for_checkpointing
@@ -67,10 +69,11 @@ COMPILED_KEPT_FRACTION = 0.6
 """What a compiled block keeps for its backward, as a fraction of what the eager block keeps (the meta
 measurement): compiled kernels fuse element-wise chains and keep none of their intermediates. Fitted to
 one H200 (flux-schnell width, 4+8 blocks, micro-batch 32, no checkpointing: 54.5 GB compiled); it then
-gives full 45.0 (measured 43.6), alternate 47.0 (44.8), ops 48.7 (45.2) GB, all within 10%
-(tests/unit/training/test_memory.py). It applies to plain blocks and to a checkpointed block's
-recomputation; what 'ops' keeps (matmul and attention outputs) and a checkpointed block's inputs are kept
-whole."""
+gives full 44.4 (measured 43.6), alternate 46.3 (44.8), ops 48.0 (45.2), none 53.6 GB, all within 10%
+(tests/unit/training/test_memory.py; the estimates count one rank's bf16 gradient copy,
+parallelize.reduce_dtype, which the measured runs made in float32, 0.68 GB more). It applies to plain
+blocks and to a checkpointed block's recomputation; what 'ops' keeps (matmul and attention outputs) and a
+checkpointed block's inputs are kept whole."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,13 @@ class LoraShape:
     base_precision: str = "bf16"
 
 
+def lora_shape(cfg: TrainConfig) -> LoraShape | None:
+    """The adapters a ``train`` section trains (None unless mode 'lora')."""
+    return (
+        LoraShape(cfg.lora_rank, tuple(cfg.lora_targets), cfg.base_precision) if cfg.mode == "lora" else None
+    )
+
+
 def estimate_memory(
     args: ModelArgs,
     world_size: int,
@@ -154,7 +164,9 @@ def estimate_memory(
     compute = dtype.itemsize
     gathered = (
         IN_FLIGHT_BLOCKS * largest_block * 2 * compute  # parameters and gradients of two blocks
-        + largest_block * 4  # the float32 copy of one block's gradients for the reduce-scatter
+        # the copy of one block's gradients for the reduce-scatter: float32, in the compute dtype on one
+        # rank with one micro-batch a step (parallelize.reduce_dtype)
+        + largest_block * (4 if world_size > 1 or gradients_held else compute)
         + counts.root * 2 * compute  # the root unit's parameters and gradients
     )
     kept = activation_bytes(args, micro_batch, image_tokens, text_tokens, dtype)
@@ -365,6 +377,11 @@ AUTO_HEADROOM = 0.10
 transients, allocator fragmentation, and the estimate's own error (within 10% of measured peaks)."""
 
 
+def budget_gb(gpu_memory_gb: float) -> float:
+    """What 'auto' fits the estimate into: the GPU's memory less AUTO_HEADROOM."""
+    return gpu_memory_gb * (1 - AUTO_HEADROOM)
+
+
 @dataclass(frozen=True)
 class CheckpointingChoice:
     mode: str
@@ -402,7 +419,7 @@ def choose_checkpointing(
     known (the default before 'auto' existed)."""
     if gpu_memory_gb is None:
         return CheckpointingChoice("full", math.nan, math.nan)
-    budget = gpu_memory_gb * (1 - AUTO_HEADROOM)
+    budget = budget_gb(gpu_memory_gb)
     estimate = math.nan
     for mode in AUTO_ORDER:
         estimate = estimate_memory(
@@ -433,9 +450,6 @@ def resolve_checkpointing(
     if cfg.activation_checkpointing != "auto":
         return cfg.activation_checkpointing, None
     image_tokens, text_tokens = tokens or (256, 256)
-    lora = (
-        LoraShape(cfg.lora_rank, tuple(cfg.lora_targets), cfg.base_precision) if cfg.mode == "lora" else None
-    )
     choice = choose_checkpointing(
         plan.model_args,
         plan.dp_shard,
@@ -446,6 +460,6 @@ def resolve_checkpointing(
         image_tokens=image_tokens,
         text_tokens=text_tokens,
         dtype=getattr(torch, cfg.param_dtype),
-        lora=lora,
+        lora=lora_shape(cfg),
     )
     return choice.mode, choice

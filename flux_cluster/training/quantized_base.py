@@ -447,7 +447,7 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
         raise FluxClusterError(
             f"{files[0]}: {len(missing)} tensors of {config} missing ({_few(missing)}){expected}"
         )
-    if unexpected:
+    if unexpected and _first_rank():  # every rank reads the same file: one notice
         count = len(unexpected)
         print(f"note: {files[0]}: {count} tensors the model does not have, ignored: {_few(unexpected)}")
     try:
@@ -457,6 +457,10 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
             f"{files[0]}: does not fit its config.json ({_short(exc)}){expected}"
         ) from None
     return model.eval()  # as from_pretrained returns it
+
+
+def _first_rank() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
 def _few(keys: list[str]) -> str:

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-import torch.distributed as dist
 
 from flux_cluster.config.workload import ModelArgs
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.rundir import lock_repeat, results_dir
+from flux_cluster.rundir import results_dir
 from flux_cluster.rundir import set_aside_interrupted_log as set_aside_interrupted_log  # the loop's import
-from flux_cluster.runtime.dist import DistInfo
+from flux_cluster.runtime.dist import DistInfo, lock_repeat_on_rank0
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, from_rank0
 from flux_cluster.training.context import JobContext
 from flux_cluster.training.metrics import Progress, RunClock, say
@@ -22,19 +21,12 @@ from flux_cluster.training.trainer import Trainer
 
 
 def lock_repeat_or_exit(ctx: JobContext, info: DistInfo) -> IO[str] | None:
-    """Rank 0 locks this repeat of the run, so an attempt whose ranks outlived their launcher and a new
-    one never write it at once; all ranks stop (one line, exit 1) when another attempt holds it."""
-    lock, refused = None, None
-    if info.rank == 0:
-        try:
-            lock = lock_repeat(ctx.run_dir, ctx.exp_index)
-        except FluxClusterError as exc:
-            refused = str(exc)
-    verdict = [refused]
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise SystemExit(f"error: {verdict[0]}" if info.rank == 0 else 1)
-    return lock
+    """The repeat's lock (runtime.dist.lock_repeat_on_rank0); all ranks stop (one line, exit 1) when another
+    attempt holds it."""
+    try:
+        return lock_repeat_on_rank0(ctx.run_dir, ctx.exp_index, info.rank)
+    except FluxClusterError as exc:
+        raise SystemExit(f"error: {exc}" if info.rank == 0 else 1) from None
 
 
 def save_state(

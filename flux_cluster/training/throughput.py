@@ -149,6 +149,8 @@ def _facts(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
         "model": cfg.model,
         "mode": cfg.mode,
         "micro_batch_size": cfg.micro_batch_size,
+        # how train.micro_batch_size 'auto' chose it at submit (None: set in the config)
+        "micro_batch_auto": auto.model_dump() if (auto := job.plan.micro_batch_auto) else None,
         "global_batch_size": job.plan.global_batch_size,
         "grad_accum_steps": job.plan.grad_accum_steps,
         "param_dtype": cfg.param_dtype,

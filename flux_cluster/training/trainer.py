@@ -94,6 +94,7 @@ def build_trainer(
         activation_checkpointing=checkpointing,
         compile_blocks=cfg.compile,
         precision=cfg.precision,
+        accumulation_steps=plan.grad_accum_steps,
     )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(cfg.optimizer, params, plan.learning_rate, info.device)

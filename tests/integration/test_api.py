@@ -22,6 +22,8 @@ from flux_cluster.training.throughput import TEST_OOM_ENV
 GRID = {"train.micro_batch_size": [4, 8]}
 """Micro-batch 8 runs out of memory (TEST_OOM_ENV): a point ok, a point oom."""
 STEPS = {"warmup_steps": 1, "steps": 2}
+SWEEP_STEPS = {"warmup_steps": 0, "steps": 1}
+"""A sweep point's one timed step is a throughput figure: what is compared is the sweep's rows."""
 COMPARED = ("point", "train.micro_batch_size", "status", "gpus", "error")
 """What two runs of the same sweep must agree on: not timings, memory, or run directories (nor which rank
 reported an error first)."""
@@ -36,14 +38,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def api_sweep(runs: Path) -> api.Sweep:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(TEST_OOM_ENV, "8")
-        return api.sweep("local", GRID, synthetic=True, name="by-api", runs_dir=runs, **STEPS)
+        return api.sweep("local", GRID, synthetic=True, name="by-api", runs_dir=runs, **SWEEP_STEPS)
 
 
 @pytest.fixture(scope="module")
 def cli_sweep(runs: Path) -> Path:
     grid = ",".join(str(v) for v in GRID["train.micro_batch_size"])
     args = ["sweep", "--system", "local", "--grid", f"train.micro_batch_size={grid}", "--synthetic"]
-    args += ["--name", "by-cli", "--runs-dir", str(runs), "--warmup-steps", "1", "--steps", "2"]
+    args += ["--name", "by-cli", "--runs-dir", str(runs), "--warmup-steps", "0", "--steps", "1"]
     result = CliRunner().invoke(app, args, env={TEST_OOM_ENV: "8", "COLUMNS": "200"})
     assert result.exit_code == 0, result.output  # an oom point is an answer: not a failure
     return runs / "by-cli"

@@ -175,6 +175,26 @@ STAND_INS: dict[str, tuple[str, str | None]] = {
         "the README's CPU example (about a minute for 8 prompts): one prompt proves the same path",
         "{} " + ONE_PROMPT,
     ),
+    "flux-cluster submit --system local --set train.benchmark=finetune --set train.mode=lora --set "
+    "train.pretrained_path=work/demo/kontext-tiny --set paths.data_root=work/demo/pairs-data --set "
+    "train.epochs=1 --set train.global_batch_size=2 --set train.micro_batch_size=1": (
+        "tests/integration/test_kontext.py trains and evaluates this example (40 s of CI): here checked, "
+        "not run",
+        DRY,
+    ),
+    "flux-cluster evaluate runs/finetune/RUN --resolution 64 --max-sequence-length 16 --steps 4 --runs 1 "
+    "--warmup 0": (
+        "the Kontext run above is only checked: RUN is the fine-tuning example's run (test_kontext.py "
+        "evaluates edit pairs)",
+        "{}",
+    ),
+    "flux-cluster submit --system local --set train.benchmark=hf --set hf.model=work/hf/bert --set "
+    "hf.task=text-classification --set hf.data=work/hf/reviews --set hf.seq_len=128 --set "
+    "train.micro_batch_size=8 --set train.epochs=3 --set train.precision=amp-bf16 --set train.parallel=dp": (
+        "tests/integration/test_hf_train.py submits bert's DataParallel run; here: checked, not run (the "
+        "report below compares the three bert runs left)",
+        DRY,
+    ),
     ".venv/bin/python -m pytest tests/unit/launch/test_golden.py --update-golden": (
         "rewrites tests/golden/",
         None,
@@ -312,8 +332,12 @@ def _scene(home: Path) -> None:
 
 
 def _finetune_run(cwd: Path) -> str:
+    """The latest run `submit` ran (not one a --dry-run stand-in only prepared)."""
+    from flux_cluster.rundir import RunRecord
+
     runs = sorted((cwd / "runs" / "finetune").iterdir())
-    return str(runs[-1].relative_to(cwd))
+    ran = [run for run in runs if (record := RunRecord.load(run)) and record.launcher != "dry-run"]
+    return str(ran[-1].relative_to(cwd))
 
 
 def test_every_readme_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

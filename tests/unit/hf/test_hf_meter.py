@@ -4,12 +4,10 @@ throughput, a finished run's last checkpoint, and the tiny models' size option."
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.hf.meter import HfMeter, HfTotals
@@ -21,14 +19,6 @@ from flux_cluster.training.context import JobContext
 from flux_cluster.training.metrics import RunClock, ThroughputWindow
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[DistInfo]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield DistInfo(rank=0, world_size=1, local_rank=0, backend="gloo", device=CPU)
-    dist.destroy_process_group()
 
 
 def test_the_window_leaves_out_pauses_and_closes_into_the_totals(one_rank: DistInfo) -> None:

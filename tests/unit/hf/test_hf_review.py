@@ -5,12 +5,10 @@ image met later and dp's GPUs unlike system.gpus_per_node."""
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from flux_cluster.config.hf import HfConfig
 from flux_cluster.errors import FluxClusterError
@@ -40,14 +38,6 @@ def _tokenizer():
 
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]
     return BertTokenizerFast(vocab={t: i for i, t in enumerate(tokens)})
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[DistInfo]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield DistInfo(rank=0, world_size=1, local_rank=0, backend="gloo", device=CPU)
-    dist.destroy_process_group()
 
 
 def test_flops_counted_on_the_distributed_model_without_leftovers(one_rank: DistInfo) -> None:

@@ -49,7 +49,14 @@ def test_eval_results_are_read_into_every_format(two_systems: tuple[Path, Path])
     tiny = {"latency": {"base": _latency(0.35), "tuned": None}, "clip_score": {"base": 20.0, "tuned": None,
             "clip_model": "x"}, "val_loss": None, "grid": None}  # fmt: skip
     write_eval(
-        b, 1, with_grid=False, system="b", meaningful=False, meaningful_reason="tiny random-init", **tiny
+        b,
+        1,
+        with_grid=False,
+        system="b",
+        meaningful=False,
+        meaningful_reason="tiny random-init",
+        base_precision="nf4",
+        **tiny,
     )
     ga, gb = build([a, b], Options(check=False))
 
@@ -65,6 +72,7 @@ def test_eval_results_are_read_into_every_format(two_systems: tuple[Path, Path])
     assert gb.inference_p50_s == pytest.approx((0.3 + 0.35) / 2) and gb.clip_score_tuned == 31.5
     assert gb.clip_score_base == pytest.approx((30.25 + 20.0) / 2) and gb.evals_meaningful is False
     assert gb.val_loss_base == 0.52 and gb.evals[1].grid is None and gb.evals[1].val_loss_base is None
+    assert e.base_precision == "bf16" and gb.evals[1].base_precision == "nf4"  # the base its columns measured
     assert "eval_1.json: figures NOT MEANINGFUL: tiny random-init" in gb.warnings
     assert not any("eval_0" in w for w in ga.warnings + gb.warnings), ga.warnings + gb.warnings
 
@@ -90,6 +98,7 @@ def test_eval_results_are_read_into_every_format(two_systems: tuple[Path, Path])
     assert cells["b"]["p50 s"] == "0.325" + star and cells["b"]["CLIP base"] == "25.12" + star
     table = markdown.split("### Evaluations")[2].split("\n\n")[1]  # b's
     assert "| eval_1.json | NO: tiny random-init |" in table and "| 0.35 | - |" in table
+    assert "| lora | nf4 |" in table and "| lora | bf16 |" in table
 
     out = io.StringIO()
     print_tables([ga, gb], Console(file=out, width=250), checked=False)
@@ -223,7 +232,12 @@ def _hostile(run: Path) -> dict[str, str]:
     (results / "eval_0.json").write_text(json.dumps(nan))  # json writes NaN, as Python's json reads it
     latency = {"base": _latency(-1, samples=2.5), "tuned": "fast"}
     types = eval_document(
-        meaningful="yes", weights_kind="full", settings=[1], latency=latency, grid="../../x.png"
+        meaningful="yes",
+        weights_kind="full",
+        settings=[1],
+        latency=latency,
+        grid="../../x.png",
+        base_precision="int3",
     )
     (results / "eval_1.json").write_text(json.dumps(types))
     (results / "eval_2.json").write_text('{"a": "' + "x" * (2 << 20) + '"}')  # over the read cap
@@ -247,6 +261,8 @@ def _hostile(run: Path) -> dict[str, str]:
         "1k": f"{e / 'eval_1.json'}: weights_kind: got 'full', expected one of ('lora', 'transformer') "
         "or null",
         "1s": f"{e / 'eval_1.json'}: settings: got [1], expected an object",
+        "1b": f"{e / 'eval_1.json'}: base_precision: got 'int3', expected one of ('bf16', 'fp8', 'nf4') or "
+        "absent (bf16)",
         "1p": f"{e / 'eval_1.json'}: latency.base.p50_s: got -1, expected a finite number >= 0",
         "1n": f"{e / 'eval_1.json'}: latency.base.samples: got 2.5, expected a whole number >= 1",
         "1t": f"{e / 'eval_1.json'}: latency.tuned: got 'fast', expected an object or null",
@@ -274,6 +290,7 @@ def test_hostile_eval_files_give_warnings_never_a_crash(tmp_path: Path, cli: Cli
     bad, types = group.evals[0], group.evals[1]
     assert bad.clip_base is None and bad.clip_tuned is None and bad.base and bad.base.p50_s == 0.5
     assert not types.meaningful and types.base and types.base.p50_s is None and types.tuned is None
+    assert types.base_precision is None  # an unknown one is not shown as a base it never named
     assert types.base.p90_s is None  # negative: left out
     assert all(e.grid_data_uri is None for e in group.evals)  # no grid passed
     assert group.clip_score_base == 30.25  # the good files' mean; the NaN one left out
