@@ -12,8 +12,9 @@ GPU. Each case is a micro-batch size x activation checkpointing mode x torch.com
 
 - ours: what flux_cluster/training/loop.py runs: ``parallelize`` on a 1-rank mesh (FSDP2, bf16 parameters
   from a MixedPrecisionPolicy over float32 master weights, gradients reduced in float32), checkpointing
-  per mode (full, alternate, single, ops, none), compile per block, ``attention_backend("auto")`` around
-  forward and backward, the rectified-flow loss, AdamW (fused on CUDA, foreach on CPU), clipping at 1.0.
+  per mode (full, alternate, single, ops, ops+N, none), compile per block, ``attention_backend("auto")``
+  around forward and backward, the rectified-flow loss, AdamW (fused on CUDA, foreach on CPU), clipping
+  at 1.0.
 - peer: the same diffusers FluxTransformer2DModel trained the plain way: float32 weights on the device,
   torch.autocast(bf16), fused AdamW, no FSDP; diffusers' ``enable_gradient_checkpointing()`` (full only:
   the peer runs modes full and none), ``compile_repeated_blocks(fullgraph=True)``. It gets the same
@@ -28,7 +29,8 @@ loader), forward, backward, clip, optimizer. Host-bound guards: the host gap (ho
 step is than its phases' sum, in % of the step), the operators the host dispatches in one step
 (dispatch_count.py; CPU-measurable), GPU kernels per step (profiler), the host's time to issue a step
 (median and max), garbage collection in the timed steps, and graphs compiled during them. Then ratios
-of samples/s: ours and ours-fp8 over the peer, ours-fp8 over ours, wherever both ran. A case that runs
+of samples/s: ours and ours-fp8 over the peer, ours-fp8 over ours, wherever both ran, and ours' other
+modes over the peer's full checkpointing, each with its ratio of peak memory. A case that runs
 out of memory, or fails otherwise, gets a one-line note and the run goes on; rows print as they finish
 and --json/--markdown are rewritten after each case. ours-fp8 runs once per --fp8-recipes (torchao
 tensorwise, rowwise); --gc frozen freezes what exists after warm-up out of garbage collection;
@@ -45,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from rich.console import Console
-from throughput.cases import IMPLS, MODES, Row, Shape, cases, model_args
+from throughput.cases import IMPLS, MODES, Row, Shape, cases, is_mode, model_args
 from throughput.output import (
     BRIEF,
     COLUMNS,
@@ -122,7 +124,6 @@ def parse_args() -> argparse.Namespace:
                 setattr(args, name, value)
     args.batches = [int(b) for b in args.batches.split(",")]
     options = (
-        ("checkpointing", MODES),
         ("compile", ("off", "on")),
         ("impls", IMPLS),
         ("fp8_recipes", FP8_RECIPES),
@@ -135,11 +136,14 @@ def parse_args() -> argparse.Namespace:
             parser.error(f"--{flag}: unknown {', '.join(sorted(unknown))}; known: {', '.join(known)}")
         setattr(args, option, values)
     args.compile = [value == "on" for value in args.compile]
+    args.checkpointing = args.checkpointing.split(",")
+    if unknown := [mode for mode in args.checkpointing if not is_mode(mode)]:
+        parser.error(f"--checkpointing: unknown {', '.join(unknown)}; known: {', '.join(MODES)}")
     if args.cases:
         args.cases = [tuple(pair.split(":")) for pair in args.cases.split(",")]
         for pair in args.cases:
             mbs_ok = len(pair) == 2 or (len(pair) == 3 and pair[2].isdigit())
-            if not mbs_ok or pair[0] not in IMPLS or pair[1] not in MODES:
+            if not mbs_ok or pair[0] not in IMPLS or not is_mode(pair[1]):
                 what = f"{'|'.join(IMPLS)}:{'|'.join(MODES)}[:micro-batch]"
                 parser.error(f"--cases: {':'.join(pair)} is not impl:mode[:mbs] ({what})")
     args.world_sizes = [int(w) for w in args.world_sizes.split(",")]

@@ -258,7 +258,8 @@ def count_kernels(
         synchronize(device)
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{case.label.replace('/', '-')}_mbs{case.micro_batch}_{case.checkpointing}.txt"
+        mode = case.checkpointing.replace("+", "-")  # names the device tool brings back: no '+'
+        name = f"{case.label.replace('/', '-')}_mbs{case.micro_batch}_{mode}.txt"
         averages = prof.key_averages()
         tables = [
             averages.table(sort_by=key, row_limit=30) for key in ("self_cpu_time_total", "cuda_time_total")

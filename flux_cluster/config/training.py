@@ -7,9 +7,11 @@ time, and that plan is what the ranks read.
 """
 
 import contextlib
+import re
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,7 +22,24 @@ from pydantic import (
     model_validator,
 )
 
-CheckpointMode = Literal["auto", "full", "alternate", "single", "ops", "none"]
+CHECKPOINT_MODES = ("full", "alternate", "single", "ops", "none")
+"""The fixed activation-checkpointing modes; besides them 'auto' and 'ops+N' (ops_whole_blocks)."""
+_OPS_WHOLE = re.compile(r"ops\+([1-9][0-9]*)")
+
+
+def ops_whole_blocks(mode: str) -> int | None:
+    """N of a mode 'ops+N' (N blocks checkpointed whole, the rest by ops: block_wrappings), else None."""
+    match = _OPS_WHOLE.fullmatch(mode)
+    return int(match.group(1)) if match else None
+
+
+def _checkpoint_mode(value: str) -> str:
+    if value != "auto" and value not in CHECKPOINT_MODES and ops_whole_blocks(value) is None:
+        raise ValueError(f"got {value!r}, expected auto, {', '.join(CHECKPOINT_MODES)} or ops+N (N >= 1)")
+    return value
+
+
+CheckpointMode = Annotated[str, AfterValidator(_checkpoint_mode)]
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 FluxPrecision = Literal["bf16", "fp8"]
 HfPrecision = Literal["fp32", "amp-bf16", "amp-fp16"]
@@ -28,9 +47,9 @@ Precision = Literal[FluxPrecision, HfPrecision]
 """The FLUX workloads take bf16 | fp8, the hf workload fp32 | amp-bf16 | amp-fp16 (config/workload.py)."""
 HfParallel = Literal["ddp", "dp", "fsdp"]
 FP8_STATUS = (
-    "train.precision fp8 is experimental: 1.16x bf16's samples/s with full checkpointing and 1.10x with "
-    "'ops' on one H100, 1.14x with 'ops' on one H200 (compiled, micro-batch 32, 2026-11-27), short of "
-    "the 1.25x it aims at"
+    "train.precision fp8 is experimental: 1.16x bf16's samples/s with 'ops+2' and 1.14x with 'ops' on one "
+    "H200, 1.16x with full checkpointing on one H100 (compiled, micro-batch 32, 2026-11-27), short of the "
+    "1.25x it aims at"
 )
 """What 'systems show' and docs/benchmarks.md say of fp8 until a GPU measures it at 1.25x bf16 or more."""
 ModelPresetName = Literal["flux-schnell", "small", "tiny"]
@@ -120,8 +139,10 @@ class TrainConfig(BaseModel):
     activation_checkpointing: CheckpointMode = "auto"
     """Which blocks recompute their activations in the backward pass: 'full' (every block, the reference),
     'alternate' (every other block), 'single' (the single-stream blocks), 'ops' (every block, keeping its
-    matmul and attention outputs: only cheap ops are recomputed), 'none'. true/false mean full/none.
-    'auto': the least recomputation (none, ops, alternate, single, full) whose estimated peak fits 90% of
+    matmul and attention outputs: only cheap ops are recomputed), 'ops+N' ('ops', but N blocks, the first
+    single-stream ones first, checkpointed whole: ~0.9 GB less per block at flux-schnell's width and micro-
+    batch 32, for recomputing its matmuls; N >= the block count is 'full'), 'none'. true/false mean full/none.
+    'auto': the least recomputation (none, ops, ops+1, ops+2, ... full) whose estimated peak fits 90% of
     the system's gpu_memory_gb at the run's world size and micro-batch (training/memory.py); 'full' on
     systems without gpu_memory_gb. The job prints its choice and the estimate at start."""
     compile: bool = False

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
+from flux_cluster.config.training import ops_whole_blocks
 from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.data.format import DIMS, Dims
 from flux_cluster.training.attention import attention_backend, probe_backend
@@ -38,11 +39,19 @@ def data_dims(args: ModelArgs) -> Dims:
     )
 
 
+def checked_mode(checkpointing: str) -> str:
+    """The mode the cut-down model (one block of each kind) runs for ``checkpointing``: an ops+N would
+    wrap both of its blocks whole and never run the selective wrapper, so it runs ops+1 (one of each)."""
+    return "ops+1" if ops_whole_blocks(checkpointing) is not None else checkpointing
+
+
 def settings_text(plan: TrainingPlan, checkpointing: str | None = None) -> str:
     cfg = plan.train
     mode = cfg.activation_checkpointing
     if checkpointing is not None and checkpointing != mode:
         mode = f"{mode} -> {checkpointing}"
+    if checkpointing is not None and checked_mode(checkpointing) != checkpointing:
+        mode += f" (checked as {checked_mode(checkpointing)}: one block of each kind)"
     return (
         f"{plan.train.model} block, mbs {cfg.micro_batch_size}, {cfg.param_dtype}"
         f"{', fp8 linears' if cfg.precision == 'fp8' else ''}, activation checkpointing "
@@ -85,7 +94,7 @@ def run_model_check(
                 args.attention_head_dim,
                 image_tokens + dims.t5_tokens,
             )
-            seconds = _train_steps(plan, args, dims, device, mesh, dtype, steps, checkpointing)
+            seconds = _train_steps(plan, args, dims, device, mesh, dtype, steps, checked_mode(checkpointing))
         flops = training_flops_per_sample(args.shape(), image_tokens, dims.t5_tokens) * cfg.micro_batch_size
         result["step_ms"] = seconds * 1e3
         result["step_tflops"] = flops / seconds / 1e12

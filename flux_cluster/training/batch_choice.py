@@ -1,7 +1,7 @@
 """``train.micro_batch_size: auto``: the micro-batch chosen by memory, at submit time.
 
 Checkpointing first, micro-batch second. The mode is the configured activation checkpointing, or for
-'auto' the first of AUTO_ORDER (least recompute first) in which a divisor of the per-rank share of at
+'auto' the first of memory.auto_order (least recompute first) in which a divisor of the per-rank share of at
 least the floor fits; the micro-batch is then the largest divisor of the share whose estimated peak
 under that mode fits the GPU's memory less AUTO_HEADROOM (what checkpointing 'auto' leaves). The floor
 is the largest divisor of the share up to the default micro-batch (16). So 'auto' never trades
@@ -24,8 +24,8 @@ from flux_cluster.config.training import DEFAULT_MICRO_BATCH
 from flux_cluster.config.workload import MicroBatchChoice, ModelArgs, load_workload, resolve_training
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.training.memory import (
-    AUTO_ORDER,
     LoraShape,
+    auto_order,
     budget_gb,
     choose_checkpointing,
     estimate_memory,
@@ -54,7 +54,7 @@ def choose_micro_batch(
     budget = budget_gb(gpu_memory_gb)
     candidates = divisors(share)
     least = max(d for d in candidates if d <= floor)
-    modes = AUTO_ORDER if checkpointing == "auto" else (checkpointing,)
+    modes = auto_order(args) if checkpointing == "auto" else (checkpointing,)
 
     def estimate(micro_batch: int, mode: str) -> float:
         return estimate_memory(

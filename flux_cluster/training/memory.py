@@ -11,7 +11,7 @@ estimated without a GPU. GB here is 1e9 bytes, as ``torch.cuda.max_memory_alloca
 - activations: what the autograd graph keeps when the forward is done, measured by running one
   double-stream and one single-stream block at the real shapes on the meta device (no memory, no
   compute), both plain and wrapped as the job wraps them (``wrap_for_checkpointing``); summed over the
-  blocks as ``checkpointed()`` wraps them under the mode; plus what one checkpointed block recomputes in
+  blocks as ``block_wrappings()`` wraps them under the mode; plus what one checkpointed block recomputes in
   its backward; plus the root (embedders, head, loss: a model with one block of each kind, less those).
 
 How the bytes are counted: a dispatch mode holds one reference to the storage of every tensor the
@@ -56,7 +56,7 @@ from torch.utils._pytree import tree_leaves
 from flux_cluster.config.training import TrainConfig
 from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.training.model import parameter_count, predict_velocity
-from flux_cluster.training.parallelize import checkpointed, wrap_for_checkpointing
+from flux_cluster.training.parallelize import block_wrappings, wrap_for_checkpointing
 
 GB = 1e9
 MASTER_BYTES_PER_PARAM = 16
@@ -69,11 +69,13 @@ COMPILED_KEPT_FRACTION = 0.6
 """What a compiled block keeps for its backward, as a fraction of what the eager block keeps (the meta
 measurement): compiled kernels fuse element-wise chains and keep none of their intermediates. Fitted to
 one H200 (flux-schnell width, 4+8 blocks, micro-batch 32, no checkpointing: 54.5 GB compiled); it then
-gives full 44.4 (measured 43.6), alternate 46.3 (44.8), ops 48.0 (45.2), none 53.6 GB, all within 10%
-(tests/unit/training/test_memory.py; the estimates count one rank's bf16 gradient copy,
-parallelize.reduce_dtype, which the measured runs made in float32, 0.68 GB more). It applies to plain
-blocks and to a checkpointed block's recomputation; what 'ops' keeps (matmul and attention outputs) and a
-checkpointed block's inputs are kept whole."""
+gives full 44.3 (measured 42.9), ops 48.0 (45.1), ops+2 46.6 (43.3), alternate 46.3 (44.8), none 53.6
+GB, all within 10% (tests/unit/training/test_memory.py; alternate and none measured with the float32
+gradient copy of before parallelize.reduce_dtype, 0.7 GB more). Conservative for ops+N: the estimate adds
+the largest block's whole recomputation (~1.45 GB at the proxy) to every block's activations; with the
+whole blocks placed first, only the last block's ops recomputation (~0.9 GB) meets the peak.
+It applies to plain blocks and to a checkpointed block's recomputation; what 'ops' keeps (matmul and
+attention outputs) and a checkpointed block's inputs are kept whole."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,9 @@ class ParameterCounts:
 
 
 BASE_BYTES_PER_PARAM = {"fp8": 1.0, "nf4": 0.5625}
-"""A LoRA run's frozen base per weight (train.base_precision; bf16: the compute dtype's size): fp8's
-per-row scales are negligible, nf4 is half a byte plus a float32 absmax per 64 weights."""
+"""A LoRA run's frozen base per weight (train.base_precision; bf16: the compute dtype's size, sharded):
+fp8's per-row scales are negligible, nf4 is half a byte plus a float32 absmax per 64 weights; both held
+whole on every GPU (quantized_base.py: buffers, not sharded)."""
 
 
 @dataclass(frozen=True)
@@ -171,18 +174,21 @@ def estimate_memory(
     )
     kept = activation_bytes(args, micro_batch, image_tokens, text_tokens, dtype)
     fused = COMPILED_KEPT_FRACTION if compiled else 1.0
-    wrapping = "ops" if mode == "ops" else "full"
     blocks = [kept.double] * args.num_layers + [kept.single] * args.num_single_layers
+    wrappings = block_wrappings(mode, args.num_layers, args.num_single_layers)
     activations, recomputed = float(kept.root), 0.0
-    for block, wrap in zip(blocks, checkpointed(mode, args.num_layers, args.num_single_layers), strict=True):
-        activations += block[wrapping] if wrap else block["plain"] * fused
-        if wrap:  # its backward recomputes what it did not keep, one block at a time
+    for block, wrapping in zip(blocks, wrappings, strict=True):
+        activations += block["plain"] * fused if wrapping == "plain" else block[wrapping]
+        if wrapping != "plain":  # its backward recomputes what it did not keep, one block at a time
             recomputed = max(recomputed, (block["plain"] - block[wrapping]) * fused)
     activations += recomputed
     trained, stored = counts.total(args), float(MASTER_BYTES_PER_PARAM * counts.total(args))
     if lora is not None:
         trained = adapter_counts(args, lora.rank, lora.targets).total(args)
-        stored = BASE_BYTES_PER_PARAM.get(lora.base_precision, compute) * counts.total(args)
+        # a quantized base is buffers, whole on every rank (quantized_base.py): world_size copies of it
+        # over the group; a bf16 one is sharded parameters
+        copies = world_size if lora.base_precision in BASE_BYTES_PER_PARAM else 1
+        stored = BASE_BYTES_PER_PARAM.get(lora.base_precision, compute) * counts.total(args) * copies
         stored += MASTER_BYTES_PER_PARAM * trained
     return MemoryEstimate(
         weights_and_optimizer_gb=stored / world_size / GB,
@@ -368,10 +374,17 @@ class _FlashAttention(TorchFunctionMode):
         )[0]
 
 
-AUTO_ORDER = ("none", "ops", "alternate", "single", "full")
-"""train.activation_checkpointing 'auto' tries these in order, least recomputation first (measured on one
-H200, compiled, mbs 32: none 106.5, ops 103.3, alternate 93.7, full 83.6 samples/s; single recomputes
-the 2/3 of the blocks that are single-stream), and takes the first that fits."""
+def auto_order(args: ModelArgs) -> tuple[str, ...]:
+    """train.activation_checkpointing 'auto' tries these in order, least recomputation first, and takes the
+    first that fits: none, ops, then ops+1, ops+2, ... (one more block recomputed whole each; measured on
+    one H200, compiled, mbs 32: none 106.5, ops 103.3, full 83.6 samples/s), then full (ops+N of every
+    block). 'alternate' and 'single' are left out: they recompute more than an ops+N of the same peak, by
+    the estimate (alternate ~ ops+13, single ~ ops+25 at full depth) and on one H200 (proxy, mbs 32:
+    alternate 93.7 samples/s at 44.8 GB, ops+2 99.6 at 43.3)."""
+    blocks = args.num_layers + args.num_single_layers
+    return ("none", "ops", *(f"ops+{n}" for n in range(1, blocks)), "full")
+
+
 AUTO_HEADROOM = 0.10
 """The share of the GPU's memory 'auto' leaves free of the estimate: the CUDA context, the backward's
 transients, allocator fragmentation, and the estimate's own error (within 10% of measured peaks)."""
@@ -414,14 +427,14 @@ def choose_checkpointing(
     dtype: torch.dtype = torch.bfloat16,
     lora: LoraShape | None = None,
 ) -> CheckpointingChoice:
-    """The mode 'auto' resolves to: the first of AUTO_ORDER whose estimated peak fits ``gpu_memory_gb``
+    """The mode 'auto' resolves to: the first of auto_order(args) whose estimated peak fits ``gpu_memory_gb``
     less AUTO_HEADROOM; 'full' when none does (the least memory there is) or when the GPU's memory is not
     known (the default before 'auto' existed)."""
     if gpu_memory_gb is None:
         return CheckpointingChoice("full", math.nan, math.nan)
     budget = budget_gb(gpu_memory_gb)
     estimate = math.nan
-    for mode in AUTO_ORDER:
+    for mode in auto_order(args):
         estimate = estimate_memory(
             args,
             world_size,

@@ -9,15 +9,12 @@ read and held behind a float32-typed placeholder until then, so no rank holds th
 - ``bf16``: every frozen floating-point parameter is stored in ``train.param_dtype``, the dtype FSDP2
   gathers it in anyway, so the numbers a step computes are unchanged and the float32 copy is gone.
 - ``fp8``: each frozen linear weight becomes float8 e4m3 with one float32 scale per output channel
-  (absmax / 448), dequantized to the compute dtype in the forward. Both are stored as uint8 bytes:
-  FSDP2 casts every floating-point parameter to param_dtype before gathering, which would gather the
-  fp8 weights as bf16, but leaves integer ones alone, so the shards and the all-gathers stay 1 byte per
-  weight (plus 4 per row). Sharded by FSDP2 along the output channels like any parameter.
+  (absmax / 448), dequantized to the compute dtype in the forward. Both are stored as uint8 bytes.
 - ``nf4``: 4-bit NormalFloat (QLoRA): each row's 64-weight blocks scaled by their absmax and rounded to
   the nearest of 16 codes, two a byte, with a float32 absmax per block: 0.5625 bytes per weight. The
   bytes are those of bitsandbytes' ``quantize_4bit(..., quant_type="nf4", blocksize=64)`` exactly (a
-  test compares them), but held in our own uint8 parameters, sharded by FSDP2 along the rows like fp8's,
-  because neither library's NF4 tensor trains with FSDP2 here (both tried, torch 2.13, 2 gloo ranks):
+  test compares them), but held in our own uint8 tensors like fp8's, because neither library's NF4
+  tensor trains with FSDP2 here (both tried, torch 2.13, 2 gloo ranks):
   bitsandbytes' ``Params4bit`` keeps its absmax in a ``QuantState`` beside the tensor, which FSDP2's
   per-parameter sharding does not carry: its forward runs and returns wrong numbers (errors larger than
   the outputs; bitsandbytes supports FSDP1's flat parameters, via ``bnb_4bit_quant_storage``); torchao's
@@ -27,10 +24,22 @@ read and held behind a float32-typed placeholder until then, so no rank holds th
   scaler blocks, which small layers do not fill. A layer whose input width is not a multiple of 64 stays
   in bf16; ``quantize_base`` says how many.
 
+The quantized bytes (fp8 and scales, nf4 codes and absmax) are non-persistent buffers of their layers,
+not parameters: FSDP2 neither shards nor casts buffers (``fully_shard`` only moves them to the device),
+on every torch version. As uint8 parameters FSDP2 would keep their bytes (it casts only floating-point
+parameters to param_dtype), but torch before 2.13 makes each sharded parameter with requires_grad=True
+first, which raises for an integer dtype ("only Tensors of floating point dtype can require gradients"):
+every GPU image's torch. So the quantized base is replicated on every rank of the shard group, whole
+(fp8: 1 byte a weight, nf4: 0.5625, per GPU whatever the world size), and no step all-gathers it: less
+traffic, but on more than one GPU more memory than its shard would take. The bf16 base stays parameters,
+sharded and gathered as before. Being non-persistent, the bytes are in no ``state_dict``:
+``stored_state`` adds them where they are wanted (``models quantize``).
+
 The forward of a quantized layer saves only the quantized weight for the backward pass (which
 dequantizes it again): the bf16 weight is never kept beyond the matmul, with or without activation
-checkpointing. The frozen weights are not in training checkpoints (``Checkpointer(frozen_base=True)``)
-nor in the saved adapter, so resuming re-quantizes the same pretrained weights the same way.
+checkpointing. The frozen weights are not in training checkpoints (``Checkpointer(frozen_base=True)``
+leaves out frozen parameters, and the quantized buffers are in no state_dict) nor in the saved adapter,
+so resuming re-quantizes the same pretrained weights the same way.
 """
 
 from collections.abc import Iterator
@@ -53,7 +62,8 @@ NF4_BLOCK = 64
 
 @dataclass(frozen=True)
 class QuantizedBase:
-    """What ``quantize_base`` did: layers quantized, layers kept, and this rank's parameter bytes."""
+    """What ``quantize_base`` did: layers quantized, layers kept, and this rank's weight bytes
+    (``parameter_bytes``: parameters and the quantized buffers)."""
 
     precision: str
     quantized: int
@@ -65,7 +75,7 @@ class QuantizedBase:
     def describe(self) -> str:
         kept = f", {len(self.kept)} unquantized (inputs not a multiple of {NF4_BLOCK})" if self.kept else ""
         return (
-            f"frozen base {self.precision}: {self.quantized} linear layers quantized{kept}; parameters "
+            f"frozen base {self.precision}: {self.quantized} linear layers quantized{kept}; weights "
             f"{self.bytes_before / 1e6:,.2f} MB -> {self.bytes_after / 1e6:,.2f} MB"
         )
 
@@ -76,12 +86,15 @@ absmax), typed or as their stored bytes."""
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    """Bytes this process holds for the model's parameters (DTensors: their local shards)."""
+    """Bytes this process holds for the model's weights: its parameters (DTensors: their local shards) and
+    buffers (a quantized base's bytes, whole on every rank)."""
+    from itertools import chain
+
     from torch.distributed.tensor import DTensor
 
     total = 0
-    for param in model.parameters():
-        local = param.to_local() if isinstance(param, DTensor) else param
+    for tensor in chain(model.parameters(), model.buffers()):
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
         total += local.numel() * local.element_size()
     return total
 
@@ -120,15 +133,18 @@ class _Float8Linear(torch.autograd.Function):
 
 
 class Float8FrozenLinear(torch.nn.Module):
-    """A frozen linear layer with e4m3 weights and per-output-channel scales (uint8 parameters, so FSDP2
-    neither casts nor gathers them in bf16)."""
+    """A frozen linear layer with e4m3 weights and per-output-channel scales: uint8 non-persistent buffers
+    (FSDP2 neither shards nor casts them; see the module's docstring), the bias a frozen parameter."""
+
+    weight_fp8: torch.Tensor
+    weight_scale: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, stored: _Stored = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         data, scale = stored or quantize_fp8(linear.weight)
-        self.weight_fp8 = torch.nn.Parameter(data.view(torch.uint8), requires_grad=False)
-        self.weight_scale = torch.nn.Parameter(scale.view(torch.uint8), requires_grad=False)
+        self.register_buffer("weight_fp8", data.view(torch.uint8), persistent=False)
+        self.register_buffer("weight_scale", scale.view(torch.uint8), persistent=False)
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
 
@@ -140,7 +156,7 @@ class Float8FrozenLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 per-channel"
 
 
-# ---- nf4: bitsandbytes' 4-bit NormalFloat layout in plain uint8 parameters
+# ---- nf4: bitsandbytes' 4-bit NormalFloat layout in plain uint8 buffers
 
 NF4_CODE = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
@@ -187,15 +203,19 @@ class _NF4Linear(torch.autograd.Function):
 
 
 class NF4FrozenLinear(torch.nn.Module):
-    """A frozen linear layer with NF4 weights: packed codes and per-block absmax bytes (uint8 parameters,
-    sharded along rows like any weight), the code book a buffer."""
+    """A frozen linear layer with NF4 weights: packed codes and per-block absmax bytes, uint8
+    non-persistent buffers like Float8FrozenLinear's, the code book a buffer too."""
+
+    weight_nf4: torch.Tensor
+    weight_absmax: torch.Tensor
+    code: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, stored: _Stored = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         packed, absmax = stored or quantize_nf4(linear.weight)
-        self.weight_nf4 = torch.nn.Parameter(packed, requires_grad=False)
-        self.weight_absmax = torch.nn.Parameter(absmax.contiguous().view(torch.uint8), requires_grad=False)
+        self.register_buffer("weight_nf4", packed, persistent=False)
+        self.register_buffer("weight_absmax", absmax.contiguous().view(torch.uint8), persistent=False)
         self.register_buffer("code", torch.tensor(NF4_CODE, device=packed.device), persistent=False)
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
@@ -252,6 +272,21 @@ def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) ->
             if not param.requires_grad and param.is_floating_point() and param.dtype != dtype:
                 param.data = param.data.to(dtype)
     return QuantizedBase(precision, quantized, kept, before, parameter_bytes(model))
+
+
+STORED_NAMES = ("weight_fp8", "weight_scale", "weight_nf4", "weight_absmax")
+"""The quantized layers' stored tensors (their buffers; a pre-quantized checkpoint's keys end in them)."""
+
+
+def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict of an unwrapped ``model`` with its quantized layers' bytes, which it leaves out
+    (non-persistent buffers, so that training checkpoints hold the adapters alone), under their module
+    names as any weight: what ``models quantize`` writes and ``load_streaming`` reads."""
+    state = model.state_dict()
+    for name, buffer in model.named_buffers():
+        if name.rpartition(".")[2] in STORED_NAMES:
+            state[name] = buffer
+    return state
 
 
 def logical_parameter_count(model: torch.nn.Module) -> int:
@@ -344,7 +379,7 @@ def save_quantized(source: Path, out: Path, precision: str) -> Path:
 
     def fill(folder: Path) -> None:
         (folder / "transformer").mkdir()
-        state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        state = {name: tensor.contiguous() for name, tensor in stored_state(model).items()}
         metadata = {"base_precision": precision, "block": str(NF4_BLOCK)}
         save_file(state, folder / "transformer" / QUANTIZED_WEIGHTS, metadata=metadata)
         model.save_config(folder / "transformer")  # type: ignore[operator]

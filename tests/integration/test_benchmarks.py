@@ -49,17 +49,27 @@ def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
         # host-bound guards: the gap to the phases' sum, operators per step, no compiles while timed
         assert row["ops_per_step"] > 100 and row["host_gap_pct"] is not None and row["recompiles"] == 0
     # The console table has a row per case, and the ratios of every setting both ran: ours and ours-fp8
-    # over the peer, ours-fp8 over ours.
+    # over the peer, ours-fp8 over ours; and ours' other modes over the peer's full checkpointing.
     cases_table, ratio_table = result.stdout.split("Ratios of samples/s")
     table = [line.split("│")[1].strip() for line in cases_table.splitlines() if line.startswith("│ ")]
     assert table.count("ours") == table.count("ours-fp8/tensorwise") == table.count("peer") == 2
-    assert len(facts["ratios"]) == 6
+    assert len(facts["ratios"]) == 8
     speed = {(r["label"], r["micro_batch"], r["checkpointing"]): r["samples_per_s"] for r in rows}
     for ratio in facts["ratios"]:
-        setting = (ratio["micro_batch"], ratio["checkpointing"])
-        ours, other = speed[(ratio["impl"], *setting)], speed[(ratio["over"], *setting)]
+        ours = speed[(ratio["impl"], ratio["micro_batch"], ratio["checkpointing"])]
+        other = speed[(ratio["over"], ratio["micro_batch"], ratio["over_checkpointing"])]
         assert ratio["ratio"] == ours / other
         assert f"{ours / other:.2f}x" in ratio_table
+    over_full = [
+        (r["impl"], r["checkpointing"]) for r in facts["ratios"] if r["over_checkpointing"] == "full"
+    ]
+    assert sorted(over_full) == [
+        ("ours", "full"),
+        ("ours", "none"),
+        ("ours-fp8/tensorwise", "full"),
+        ("ours-fp8/tensorwise", "full"),
+        ("ours-fp8/tensorwise", "none"),
+    ]
     assert "| ours | 2 | full | off |" in (tmp_path / "throughput.md").read_text()
     assert "| ours-fp8/tensorwise | 2 | full | off |" in (tmp_path / "throughput.md").read_text()
 

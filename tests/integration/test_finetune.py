@@ -298,12 +298,13 @@ def test_lora_fine_tuning_keeps_the_best_weights_which_reload_into_the_pipeline(
 def test_full_fine_tuning_stopped_by_sigusr1_resumes_and_keeps_the_best_weights(
     cli: CliRunner, workdir: Path, encoded: dict[str, Path], tiny_pipeline: Path
 ) -> None:
-    """All weights, 'ops' checkpointing, stopped by SIGUSR1 after its first evaluation (the
+    """All weights, 'ops+1' checkpointing (one block checkpointed whole, the rest by ops: a run of mixed
+    wrappers checkpoints and resumes), stopped by SIGUSR1 after its first evaluation (the
     checkpoint holds the best so far) and resumed: every epoch is evaluated once, the best weights are the
     lowest evaluation's, and they load into the pipeline giving the recorded loss; the summary and the
     report count both attempts' time. (That a resume reproduces an uninterrupted run bit for bit is
     tests/integration/test_train.py's SIGUSR1 test, same code.)"""
-    sets = finetune_sets("finetune", encoded, tiny_pipeline, "train.activation_checkpointing=ops")
+    sets = finetune_sets("finetune", encoded, tiny_pipeline, "train.activation_checkpointing=ops+1")
     sets += ["train.learning_rate=3e-3", "train.epochs=4"]
     interrupted = prepared_run(cli, *sets)
     pids = workdir / "pids"

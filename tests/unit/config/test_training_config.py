@@ -1,5 +1,6 @@
 """The train section and the workload file: presets by batch size, checks at submit time, the run's plan."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,33 @@ def test_gpu_systems_default_to_auto_checkpointing_resolved_by_their_gpu_memory(
     cpu = plan_for("local_slurm", "train.activation_checkpointing=auto")
     assert resolve_checkpointing(cpu, load_system("local_slurm", []).config.gpu_memory_gb)[0] == "full"
     assert plan_for("local").train.activation_checkpointing == "none"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        *(("micro_batch_size", v, "an integer >= 1 or 'auto'") for v in ("big", 0, "true", 2.5, True)),
+        *(("activation_checkpointing", v, "or ops+N (N >= 1)") for v in ("ops+0", "ops+", "ops+two", "opsx")),
+    ],
+)
+def test_a_bad_micro_batch_or_checkpointing_is_one_line_naming_file_and_key(
+    key: str, value: object, expected: str, tmp_path: Path
+) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text(f"extends: local\ntrain:\n  {key}: {json.dumps(value)}\n")
+    with pytest.raises(FluxClusterError) as caught:
+        load_system(str(site))
+    message = str(caught.value)
+    assert "\n" not in message and "site.yaml" in message and f"train.{key}" in message
+    assert expected in message
+
+
+def test_ops_plus_n_is_a_mode_from_a_file_or_set_and_an_explicit_mode_wins_over_auto() -> None:
+    from flux_cluster.training.memory import resolve_checkpointing
+
+    plan = plan_for("dgx_h100x8", "train.activation_checkpointing=ops+3")
+    assert plan.train.activation_checkpointing == "ops+3"
+    assert resolve_checkpointing(plan, 80) == ("ops+3", None)
 
 
 def test_systems_show_calls_fp8_experimental_with_its_measured_ratio(cli: CliRunner) -> None:

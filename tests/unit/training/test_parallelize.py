@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from flux_cluster.config.workload import ModelArgs, load_workload
 from flux_cluster.training import model as M
 from flux_cluster.training.attention import allowed_backends, attention_backend, probe_backend
-from flux_cluster.training.parallelize import checkpointed, make_mesh, parallelize, transformer_blocks
+from flux_cluster.training.parallelize import block_wrappings, make_mesh, parallelize, transformer_blocks
 
 TINY = load_workload("flux1")[0].models["tiny"]
 CPU = torch.device("cpu")
@@ -78,10 +78,16 @@ def loss_of(model: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
 
 
 def test_which_blocks_each_mode_checkpoints() -> None:
-    assert checkpointed("full", 2, 3) == [True] * 5 and checkpointed("ops", 2, 3) == [True] * 5
-    assert checkpointed("none", 2, 3) == [False] * 5
-    assert checkpointed("single", 2, 3) == [False, False, True, True, True]
-    assert checkpointed("alternate", 2, 3) == [True, False, True, False, True]
+    assert block_wrappings("full", 2, 3) == ["full"] * 5 and block_wrappings("ops", 2, 3) == ["ops"] * 5
+    assert block_wrappings("none", 2, 3) == ["plain"] * 5
+    assert block_wrappings("single", 2, 3) == ["plain", "plain", "full", "full", "full"]
+    assert block_wrappings("alternate", 2, 3) == ["full", "plain", "full", "plain", "full"]
+    # ops+N: the first single-stream blocks whole (their backward runs last), then the first double ones
+    assert block_wrappings("ops+2", 2, 3) == ["ops", "ops", "full", "full", "ops"]
+    assert block_wrappings("ops+4", 2, 3) == ["full", "ops", "full", "full", "full"]
+    assert block_wrappings("ops+5", 2, 3) == block_wrappings("ops+9", 2, 3) == ["full"] * 5
+    with pytest.raises(ValueError, match="'auto'"):
+        block_wrappings("auto", 2, 3)
 
 
 def test_checkpointing_sits_inside_each_fsdp_unit_and_recomputes_in_the_compute_dtype() -> None:
@@ -106,11 +112,12 @@ def test_checkpointing_sits_inside_each_fsdp_unit_and_recomputes_in_the_compute_
     assert all(p.grad is not None and torch.isfinite(p.grad.full_tensor()).all() for p in model.parameters())
 
 
-@pytest.mark.parametrize("mode", ["full", "alternate", "single", "ops"])
+@pytest.mark.parametrize("mode", ["full", "alternate", "single", "ops", "ops+1"])
 def test_every_checkpointing_mode_gives_the_gradients_of_none(mode: str) -> None:
     reference, model = sharded("none", torch.float32), sharded(mode, torch.float32)
     wrapped = [isinstance(unit, CheckpointWrapper) for unit in transformer_blocks(model)]
-    assert wrapped == checkpointed(mode, len(model.transformer_blocks), len(model.single_transformer_blocks))
+    wrappings = block_wrappings(mode, len(model.transformer_blocks), len(model.single_transformer_blocks))
+    assert wrapped == [wrapping != "plain" for wrapping in wrappings]
     loss_of(reference, torch.float32).backward()
     loss_of(model, torch.float32).backward()
     for (name, expected), (_, got) in zip(
@@ -164,6 +171,10 @@ def test_selective_checkpointing_recomputes_no_matmul() -> None:
     above) and recomputes only the cheap ops; 'full' runs every block's matmuls again."""
     none, ops, full = matmuls_in_a_step("none"), matmuls_in_a_step("ops"), matmuls_in_a_step("full")
     assert ops == none < full
+    # ops+N: only its whole blocks run their matmuls again (TINY: 2 double- and 2 single-stream blocks)
+    one_single, both_single = matmuls_in_a_step("ops+1"), matmuls_in_a_step("ops+2")
+    assert none < one_single < both_single < full
+    assert both_single - none == 2 * (one_single - none)
 
 
 def test_fp8_trains_every_block_linear_in_float8_under_checkpointing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,7 +252,9 @@ def test_an_attention_backend_that_cannot_run_is_one_line() -> None:
     assert "\n" not in message
 
 
-@pytest.mark.parametrize(("mode", "recipe"), [("full", "tensorwise"), ("ops", "rowwise")])
+@pytest.mark.parametrize(
+    ("mode", "recipe"), [("full", "tensorwise"), ("ops", "rowwise"), ("ops+1", "tensorwise")]
+)
 def test_fp8_blocks_compile_whole_under_checkpointing_and_fsdp(
     monkeypatch: pytest.MonkeyPatch, mode: str, recipe: str
 ) -> None:

@@ -99,6 +99,58 @@ def test_a_quantized_base_shards_trains_only_the_adapters_and_saves_its_bytes(pr
     assert not any(p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
 
 
+STORED = {"fp8": ("weight_fp8", "weight_scale"), "nf4": ("weight_nf4", "weight_absmax")}
+
+
+def quantized_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if isinstance(m, Q.Float8FrozenLinear | Q.NF4FrozenLinear)]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_a_quantized_base_holds_its_bytes_in_buffers_and_only_float_parameters(precision: str) -> None:
+    torch.manual_seed(0)
+    model = M.build_model(TINY)
+    M.add_lora(model, 4, 4.0, TARGETS)
+    Q.quantize_base(model, precision, torch.bfloat16)
+    # torch < 2.13's fully_shard makes each sharded parameter require gradients first: an integer one raises
+    assert all(p.is_floating_point() for p in model.parameters())
+    layers = quantized_layers(model)
+    buffers = [dict(layer.named_buffers())[name] for layer in layers for name in STORED[precision]]
+    assert layers and all(b.dtype == torch.uint8 for b in buffers)
+    # in no state_dict (training checkpoints hold the adapters), but in what models quantize writes
+    assert not any(key.endswith(STORED[precision]) for key in model.state_dict())
+    assert sum(key.endswith(STORED[precision]) for key in Q.stored_state(model)) == len(buffers)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_fully_shard_leaves_a_quantized_base_whole_and_its_loss_unchanged(precision: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    model = M.build_model(TINY.model_copy(update={"num_layers": 1, "num_single_layers": 1}))
+    M.add_lora(model, 4, 4.0, TARGETS)
+    Q.quantize_base(model.to(torch.bfloat16), precision, torch.bfloat16)  # as FSDP2 computes: all bf16
+    layers = quantized_layers(model)
+    before = [{name: t.clone() for name, t in layer.named_buffers()} for layer in layers]
+    assert layers and all(set(STORED[precision]) <= stored.keys() for stored in before)
+    unsharded = loss_of(model)
+    unsharded.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    gpu_like = {"param_dtype": torch.bfloat16, "activation_checkpointing": "none", "compile_blocks": False}
+    parallelize(model, make_mesh(CPU, 1, 1), CPU, **gpu_like)  # type: ignore[arg-type]
+    for layer, stored in zip(layers, before, strict=True):
+        after = dict(layer.named_buffers())
+        assert not any(isinstance(t, DTensor) for t in after.values())  # neither sharded nor cast
+        assert all(after[name].dtype == t.dtype and torch.equal(after[name], t) for name, t in stored.items())
+    sharded = loss_of(model)
+    sharded.backward()
+    assert sharded.item() == pytest.approx(unsharded.item(), rel=1e-3)  # bf16 either way
+    got = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}  # type: ignore[union-attr]
+    assert got.keys() == grads.keys() and grads
+    assert all(torch.allclose(got[n].float(), g.float(), rtol=0.02, atol=1e-4) for n, g in grads.items())
+
+
 def test_gradient_accumulation_on_an_nf4_base_gives_the_whole_batchs_gradients() -> None:
     whole, _ = lora_model("nf4")
     loss_of(whole).backward()
@@ -207,7 +259,7 @@ def test_a_pre_quantized_checkpoint_loads_to_the_bytes_quantizing_at_load_makes(
     assert model is not None
     M.add_lora(model, 4, 4.0, TARGETS)
     Q.quantize_base(model, precision, torch.bfloat16)
-    again = {k.replace(".base_layer", ""): v for k, v in model.state_dict().items() if "lora_" not in k}
+    again = {k.replace(".base_layer", ""): v for k, v in Q.stored_state(model).items() if "lora_" not in k}
     assert again.keys() == stored.keys()
     assert all(torch.equal(again[k], stored[k]) for k in stored)
     with pytest.raises(

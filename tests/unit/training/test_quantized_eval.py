@@ -75,4 +75,5 @@ def test_the_nf4_code_book_is_made_on_the_packed_weights_device_and_not_saved() 
     assert layer.code.device == layer.weight_nf4.device == torch.device("meta")
     moved = Q.NF4FrozenLinear(torch.nn.Linear(64, 4), torch.bfloat16).to("meta")
     assert moved.code.device == torch.device("meta")  # a buffer: .to() takes it along
-    assert list(layer.state_dict()) == ["weight_nf4", "weight_absmax", "bias"]  # as checkpoints have it
+    assert list(layer.state_dict()) == ["bias"]  # as checkpoints have it: the bytes are non-persistent
+    assert list(Q.stored_state(layer)) == ["bias", "weight_nf4", "weight_absmax"]  # as models quantize writes

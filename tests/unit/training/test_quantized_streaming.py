@@ -58,7 +58,7 @@ def loss_of(model: torch.nn.Module) -> torch.Tensor:
 @pytest.mark.parametrize("precision", ["bf16", "fp8", "nf4"])
 def test_a_streamed_base_is_the_float32_loads_model_byte_for_byte(plain: Path, precision: str) -> None:
     old, new = old_way(plain, precision), new_way(plain, precision)
-    before, after = old.state_dict(), new.state_dict()
+    before, after = Q.stored_state(old), Q.stored_state(new)  # with the quantized bytes
     assert before.keys() == after.keys()
     for key, value in before.items():
         assert after[key].dtype == value.dtype and torch.equal(after[key], value), key
@@ -80,7 +80,8 @@ def test_a_streamed_pre_quantized_checkpoint_keeps_its_stored_bytes(plain: Path,
     torch.manual_seed(1)
     M.add_lora(model, 4, 4.0, TARGETS)
     Q.quantize_base(model, "nf4", torch.bfloat16)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in old.state_dict().items())
+    state = Q.stored_state(model)
+    assert all(torch.equal(state[k], v) for k, v in Q.stored_state(old).items())
 
 
 # ---- host memory: a ~45M-parameter base (180 MB in float32) stored in bf16
