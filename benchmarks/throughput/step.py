@@ -15,7 +15,7 @@ from flux_cluster.config.workload import ModelArgs
 from flux_cluster.training.attention import attention_backend
 from flux_cluster.training.dispatch_count import count_dispatched
 from flux_cluster.training.mlperf_log import ADAMW, GRADIENT_CLIP_NORM
-from flux_cluster.training.model import build_model, init_weights, predict_velocity
+from flux_cluster.training.model import build_model, init_weights, is_on_meta, predict_velocity
 from flux_cluster.training.parallelize import make_mesh, parallelize
 from flux_cluster.training.rectified_flow import interpolate, sample_latents
 from throughput.cases import NAN, PHASES, Case, Row, Shape
@@ -102,7 +102,7 @@ def lora_on_quantized_base(model: torch.nn.Module, precision: str, device: torch
     from flux_cluster.training.model import add_lora
     from flux_cluster.training.quantized_base import quantize_base
 
-    if device.type == "cuda":  # GPU only
+    if is_on_meta(model):  # built on the meta device (GPUs): quantizing needs real weights
         model.to_empty(device=device)
         init_weights(model)
     defaults = TrainConfig.model_fields

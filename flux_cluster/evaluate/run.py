@@ -174,7 +174,7 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
             _apply_weights(pipe, target.weights, target.weights_kind, pipeline, device, dtype)
         tuned = _measure(pipe, prompts, settings, options, target, device, dtype, "tuned", log, controls)
         log(f"tuned: p50 {tuned.latency.p50_s:.3f} s, {tuned.latency.images_per_s:.2f} images/s")
-    parameters = sum(p.numel() for p in pipe.transformer.parameters())
+    parameters = weights_of(pipe.transformer)
     del pipe
     scorer = ClipScorer.load(clip_folder, pipeline, device)
     clip_base = scorer.score(base.images, prompts)
@@ -222,6 +222,14 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
     shown = [(label if title == "base" else title, images) for title, images in columns]
     json_path, grid_path = _write(document, grid_png(shown, prompts), json_path, grid_path, columns)
     return EvalResult(document, json_path, grid_path)
+
+
+def weights_of(transformer: "torch.nn.Module") -> int:
+    """The transformer's size in weights: a quantized base's layers count in x out each, not their packed
+    bytes (which are buffers, not parameters: quantized_base.py)."""
+    from flux_cluster.training.quantized_base import logical_parameter_count
+
+    return logical_parameter_count(transformer)
 
 
 def _quantized_with_adapters_off(

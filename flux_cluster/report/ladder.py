@@ -3,7 +3,8 @@ as seed 004's table (precision | train VRAM | inference VRAM | speed | quality),
 
 One row per run folder (its repeats together, as the report's fine-tuning table): train memory is the
 run's peak (every rank's, every attempt's: CUDA's max_memory_allocated on GPUs, the process's peak RSS on
-CPUs) and the parameter memory of one rank once sharded (where the base's precision shows directly);
+CPUs) and the weight memory of one rank once sharded (a quantized base held whole: where the base's
+precision shows directly);
 inference memory is the peak of its ``flux-cluster evaluate`` results (measured on GPUs only; an evaluate
 run on a CPU records none); speed the training images/s over the measured steps; quality the final
 validation loss and the CLIP score of the fine-tuned model's images against their prompts (evaluate).
@@ -20,9 +21,9 @@ ORDER = ("bf16", "fp8", "nf4")
 LADDER_TITLE = "Precision ladder: LoRA on a bf16, fp8 or nf4 frozen base"
 LADDER_NOTE = (
     "LoRA runs whose train.base_precision differs, side by side: train memory (peak; params: one rank's "
-    "parameters once sharded), inference memory (peak of flux-cluster evaluate on a GPU), training images/s, "
-    "final validation loss and CLIP score (evaluate). Rows on a CPU (meaningful: no) are meaningless for "
-    "GPUs: their memory is the process's peak RSS and their speed the CPU's"
+    "weights once sharded, a quantized base whole), inference memory (peak of flux-cluster evaluate on a "
+    "GPU), training images/s, final validation loss and CLIP score (evaluate). Rows on a CPU (meaningful: "
+    "no) are meaningless for GPUs: their memory is the process's peak RSS and their speed the CPU's"
 )
 
 

@@ -2,12 +2,14 @@
 estimated without a GPU. GB here is 1e9 bytes, as ``torch.cuda.max_memory_allocated() / 1e9``.
 
 - weights and optimizer: float32 weights, float32 gradients and AdamW's two float32 states, 16 bytes per
-  parameter, sharded over the FSDP group (``world_size`` ranks).
+  parameter, sharded over the FSDP group (``world_size`` ranks). A LoRA run: 16 bytes per adapter
+  parameter and the frozen base at its precision, sharded in bf16, whole on every rank in fp8 or nf4.
 - gathered parameters: FSDP all-gathers a block's parameters in the compute dtype just before it runs and
   prefetches the next: two blocks are unsharded at once, in the backward with their compute-dtype
   gradients, and the gradient being reduced is cast to float32 for the reduce-scatter (``reduce_dtype``;
   on one rank it is only copied, in the compute dtype).
-  The root unit (embedders and head) stays gathered from the forward through the backward.
+  The root unit (embedders and head) stays gathered from the forward through the backward. A LoRA run
+  gathers a bf16 base but not a quantized one, and has gradients for its adapters only.
 - activations: what the autograd graph keeps when the forward is done, measured by running one
   double-stream and one single-stream block at the real shapes on the meta device (no memory, no
   compute), both plain and wrapped as the job wraps them (``wrap_for_checkpointing``); summed over the
@@ -81,7 +83,8 @@ attention outputs) and a checkpointed block's inputs are kept whole."""
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights_and_optimizer_gb: float
-    """Sharded float32 weights, gradients and AdamW states (16 bytes per parameter)."""
+    """Sharded float32 weights, gradients and AdamW states (16 bytes per parameter); a LoRA run's frozen
+    base (a quantized one whole)."""
     gathered_params_gb: float
     activations_gb: float
     gradients_gb: float = 0.0
@@ -163,15 +166,8 @@ def estimate_memory(
     forward (accumulation over several micro-batches per step), not only from the backward on. ``lora``:
     the frozen base at its precision, 16 bytes per adapter parameter."""
     counts = parameter_counts(args)
-    largest_block = max(counts.double, counts.single)
     compute = dtype.itemsize
-    gathered = (
-        IN_FLIGHT_BLOCKS * largest_block * 2 * compute  # parameters and gradients of two blocks
-        # the copy of one block's gradients for the reduce-scatter: float32, in the compute dtype on one
-        # rank with one micro-batch a step (parallelize.reduce_dtype)
-        + largest_block * (4 if world_size > 1 or gradients_held else compute)
-        + counts.root * 2 * compute  # the root unit's parameters and gradients
-    )
+    gathered = _gathered_bytes(counts, compute, world_size > 1 or gradients_held, args, lora)
     kept = activation_bytes(args, micro_batch, image_tokens, text_tokens, dtype)
     fused = COMPILED_KEPT_FRACTION if compiled else 1.0
     blocks = [kept.double] * args.num_layers + [kept.single] * args.num_single_layers
@@ -195,6 +191,28 @@ def estimate_memory(
         gathered_params_gb=gathered / GB,
         activations_gb=activations / GB,
         gradients_gb=0.0 if gradients_held else 4 * trained / world_size / GB,
+    )
+
+
+def _gathered_bytes(
+    counts: ParameterCounts, compute: int, reduce_in_float32: bool, args: ModelArgs, lora: LoraShape | None
+) -> float:
+    """What FSDP2 holds unsharded at once: two blocks' parameters and gradients in the compute dtype, one
+    block's gradient copy for the reduce-scatter (float32 where reduced across ranks or summed over
+    micro-batches, else the compute dtype: parallelize.reduce_dtype), and the root unit's parameters and
+    gradients. A LoRA run gathers a bf16 base's parameters but not a quantized base's (buffers, never
+    gathered), and has gradients (and their copy) for its adapters only."""
+    weights = max(counts.double, counts.single)
+    grads, root_grads = weights, counts.root
+    if lora is not None:
+        adapters = adapter_counts(args, lora.rank, lora.targets)
+        base = 0 if lora.base_precision in BASE_BYTES_PER_PARAM else weights
+        weights = base + max(adapters.double, adapters.single)
+        grads, root_grads = max(adapters.double, adapters.single), adapters.root
+    return (
+        IN_FLIGHT_BLOCKS * (weights + grads) * compute
+        + grads * (4 if reduce_in_float32 else compute)
+        + (counts.root + root_grads) * compute
     )
 
 

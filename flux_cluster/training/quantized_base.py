@@ -258,6 +258,8 @@ def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) ->
             if stored is not None:
                 linear.weight = torch.nn.Parameter(stored.to(dtype), requires_grad=False)
             continue
+        if stored is None and linear.weight.is_meta:  # its bytes would be buffers no init ever fills
+            raise ValueError(f"{name}: quantize_base needs real weights, not the meta device's")
         if precision == "fp8":
             layer = Float8FrozenLinear(linear, dtype, stored)
         elif linear.in_features % NF4_BLOCK == 0:
@@ -287,6 +289,22 @@ def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if name.rpartition(".")[2] in STORED_NAMES:
             state[name] = buffer
     return state
+
+
+def whole_base_notice(
+    base: QuantizedBase, logical_params: int, itemsize: int, shard_ranks: int
+) -> str | None:
+    """One line where a quantized base, whole on every GPU, holds over 10% more than a base in the compute
+    dtype (``itemsize`` bytes a weight) sharded over the ``shard_ranks`` GPUs of an FSDP group would (at
+    FLUX's proportions: fp8 on 3 GPUs or more, nf4 on 4 or more); else None."""
+    sharded = logical_params * itemsize / shard_ranks
+    if base.precision == "bf16" or base.bytes_after <= 1.1 * sharded:
+        return None
+    return (
+        f"note: the {base.precision} base is held whole on each GPU ({base.bytes_after / 1e6:,.0f} MB of "
+        f"weights); train.base_precision bf16 would shard it over the {shard_ranks} GPUs of a shard group "
+        f"(about {sharded / 1e6:,.0f} MB each)"
+    )
 
 
 def logical_parameter_count(model: torch.nn.Module) -> int:

@@ -25,9 +25,11 @@ from flux_cluster.training.parallelize import make_mesh, parallelize
 from flux_cluster.training.peak import GemmPeak, measure_gemm_peak
 from flux_cluster.training.quantized_base import (
     QuantizedBase,
+    logical_parameter_count,
     parameter_bytes,
     pretrained_base,
     quantize_base,
+    whole_base_notice,
 )
 
 
@@ -85,6 +87,9 @@ def build_trainer(
                 raise SystemExit(f"error: {exc}") from None
         base = quantize_base(model, cfg.base_precision, dtype)
         say(info.rank == 0, base.describe())
+        notice = whole_base_notice(base, logical_parameter_count(model), dtype.itemsize, plan.dp_shard)
+        if notice:
+            say(info.rank == 0, notice)
     mesh = make_mesh(info.device, plan.dp_replicate, plan.dp_shard)
     parallelize(
         model,

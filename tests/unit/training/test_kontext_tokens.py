@@ -64,3 +64,25 @@ def test_prediction_is_the_target_tokens_of_the_joint_forward_and_depends_on_the
     with torch.no_grad():
         assert torch.equal(predict(x_t, t, t5, clip, control), edit)
         assert torch.equal(predict(x_t, t, t5, clip), plain)
+
+
+def test_validation_gives_an_edit_pairs_control_to_the_prediction_and_a_plain_batch_none() -> None:
+    from types import SimpleNamespace
+
+    from flux_cluster.training.rectified_flow import validation_loss
+
+    seen: list[torch.Tensor | None] = []
+
+    def predict(x_t, t, t5, clip, control=None):  # type: ignore[no-untyped-def]
+        seen.append(control)
+        return torch.zeros_like(x_t)
+
+    def batch(control: torch.Tensor | None) -> SimpleNamespace:
+        mean = torch.randn(2, 16, 4, 4)
+        plain = {"keys": ["a", "b"], "t5": torch.randn(2, 8, 32), "clip": torch.randn(2, 32), "mean": mean}
+        plain |= {"logvar": torch.zeros_like(mean), "timestep": torch.tensor([1, 5]), "control": control}
+        return SimpleNamespace(**plain)
+
+    control = torch.randn(2, 16, 4, 4)
+    validation_loss(predict, [batch(control), batch(None)], torch.device("cpu"))
+    assert len(seen) == 2 and seen[0] is not None and torch.equal(seen[0], control) and seen[1] is None

@@ -169,10 +169,19 @@ def test_a_lora_runs_estimate_counts_its_base_at_its_precision_and_16_bytes_per_
     assert adapter_counts(TINY, 4, targets).total(TINY) == adapters  # what peft adds
     base = parameter_count(build_model(TINY, meta_init=True))
     # on 2 GPUs: a bf16 base is sharded, a quantized one (buffers) whole on each
+    gathered = {}
     for precision, per_gpu in (("bf16", 2 / 2), ("fp8", 1), ("nf4", 0.5625)):
         estimate = estimate_memory(TINY, 2, 1, "full", lora=LoraShape(4, targets, precision))
         assert estimate.weights_and_optimizer_gb == pytest.approx((per_gpu * base + 16 * adapters / 2) / 1e9)
         assert estimate.gradients_gb == pytest.approx(4 * adapters / 2 / 1e9)
+        gathered[precision] = estimate.gathered_params_gb
+    # FSDP2 gathers a bf16 base's blocks (two at once) but never a quantized one's (buffers), and a LoRA
+    # run has gradients for its adapters only: less than training every weight gathers
+    blocks = parameter_counts(TINY)
+    base_gathered = 2 * max(blocks.double, blocks.single) * 2 / 1e9
+    assert gathered["fp8"] == gathered["nf4"]
+    assert gathered["bf16"] - gathered["nf4"] == pytest.approx(base_gathered)
+    assert gathered["bf16"] < estimate_memory(TINY, 2, 1, "full").gathered_params_gb
 
 
 def test_auto_checkpointing_counts_the_datasets_tokens_and_a_lora_base() -> None:

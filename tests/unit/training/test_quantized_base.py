@@ -1,6 +1,7 @@
 """The frozen LoRA base in bf16, fp8 or NF4 (train.base_precision) on one gloo rank: the quantization
-error bounds, the bytes saved once FSDP2 shards it, gradients reaching only the adapters through the
-dequantized weights under checkpointing, 8-bit AdamW stepping them, and the config's refusals."""
+error bounds, the bytes it saves (held whole, as buffers FSDP2 leaves alone), gradients reaching only the
+adapters through the dequantized weights under checkpointing, 8-bit AdamW stepping them, and the config's
+refusals."""
 
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 from test_parallelize import one_rank
 
 from flux_cluster.config.training import TrainConfig
-from flux_cluster.config.workload import load_workload
+from flux_cluster.config.workload import ModelArgs, load_workload
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.training import model as M
 from flux_cluster.training import quantized_base as Q
@@ -53,16 +54,19 @@ def test_nf4_is_bitsandbytes_nf4_byte_for_byte_and_within_half_a_code_gap() -> N
     assert (error <= absmax.view(-1, 1) * (1 - 0.6961928) / 2 + 1e-6).all()
 
 
-def lora_model(precision: str, mode: str = "full", seed: int = 0) -> tuple[torch.nn.Module, Q.QuantizedBase]:
+def lora_model(
+    precision: str, mode: str = "full", seed: int = 0, args: ModelArgs = TINY, compile_blocks: bool = False
+) -> tuple[torch.nn.Module, Q.QuantizedBase]:
     torch.manual_seed(seed)
-    model = M.build_model(TINY)
+    model = M.build_model(args)
     M.add_lora(model, 4, 4.0, TARGETS)
     with torch.no_grad():  # B != 0, so the adapters change the output
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.1)
     base = Q.quantize_base(model, precision, torch.bfloat16)
-    gpu_like = {"param_dtype": torch.bfloat16, "activation_checkpointing": mode, "compile_blocks": False}
+    gpu_like = {"param_dtype": torch.bfloat16, "activation_checkpointing": mode}
+    gpu_like["compile_blocks"] = compile_blocks
     parallelize(model, make_mesh(CPU, 1, 1), CPU, **gpu_like)  # type: ignore[arg-type]
     return model, base
 
@@ -77,7 +81,7 @@ def loss_of(model: torch.nn.Module, part: slice = slice(None)) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("precision", ["fp8", "nf4"])
-def test_a_quantized_base_shards_trains_only_the_adapters_and_saves_its_bytes(precision: str) -> None:
+def test_a_quantized_base_trains_only_the_adapters_and_saves_its_bytes(precision: str) -> None:
     reference, bf16 = lora_model("bf16")
     model, base = lora_model(precision)
     assert bf16.quantized == 0 and base.quantized > 0
@@ -352,3 +356,61 @@ def test_the_parameter_count_of_a_quantized_base_counts_weights_not_packed_bytes
     fp8 = M.build_model(TINY).requires_grad_(False)
     assert Q.quantize_base(fp8, "fp8", torch.bfloat16).quantized > 0
     assert Q.logical_parameter_count(fp8) == sum(p.numel() for p in M.build_model(TINY).parameters())
+
+
+@pytest.mark.parametrize(("precision", "per_weight", "from_gpus"), [("fp8", 1.0, 3), ("nf4", 0.5625, 4)])
+def test_past_a_few_gpus_the_whole_quantized_base_says_a_sharded_bf16_one_would_be_smaller(
+    precision: str, per_weight: float, from_gpus: int
+) -> None:
+    """A quantized base is whole on every GPU (buffers); a bf16 base is sharded over the FSDP group, so
+    past a few GPUs it holds less per GPU, and the job says so at start: FLUX.1's 11.9 G weights, of
+    which ~0.1 G (embedders, norms) stay bf16 and ~19 M are adapters in float32."""
+    weights, unquantized, adapters = 11.9e9, 0.1e9, 19e6
+    held = (weights - unquantized) * per_weight + unquantized * 2 + adapters * 4
+    base = Q.QuantizedBase(precision, 500, [], int(weights * 2), int(held))
+    said = [ranks for ranks in range(1, 9) if Q.whole_base_notice(base, int(weights + adapters), 2, ranks)]
+    assert said == list(range(from_gpus, 9))
+    line = Q.whole_base_notice(base, int(weights + adapters), 2, 8)
+    assert line is not None and "\n" not in line and f"the {precision} base is held whole on each GPU" in line
+    assert "over the 8 GPUs of a shard group (about 2,980 MB each)" in line
+    bf16 = Q.QuantizedBase("bf16", 0, [], int(weights * 2), int(weights * 2))
+    assert Q.whole_base_notice(bf16, int(weights), 2, 8) is None
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nf4"])
+def test_quantized_lora_blocks_compile_whole_and_train_as_eager(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """GPU systems compile every block (fullgraph: a graph break is an error): a LoRA block over a
+    quantized base, its bytes read from buffers by our autograd functions, traces without a break and
+    without a recompile per block: 3 double-stream blocks and 1 single-stream one make 3 graphs, as over
+    a bf16 base (the first block's input needs no gradient, a frozen embedder's output; the later ones'
+    do). Loss and adapter gradients equal the eager model's. Dynamo's 'eager' backend proves the tracing
+    without inductor's minutes."""
+    from torch._dynamo.utils import counters
+
+    deeper = TINY.model_copy(update={"num_layers": 3, "num_single_layers": 1})
+    eager, _ = lora_model(precision, args=deeper)
+    compile_module = torch.nn.Module.compile
+    monkeypatch.setattr(
+        torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", **kw)
+    )
+    torch._dynamo.reset()
+    graphs_before, breaks_before = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    model, _ = lora_model(precision, args=deeper, compile_blocks=True)
+    loss, expected = loss_of(model), loss_of(eager)
+    loss.backward()
+    expected.backward()
+    assert sum(counters["graph_break"].values()) == breaks_before, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] - graphs_before == 3  # 4 blocks: no recompile per block
+    assert torch.equal(loss, expected)
+    for (name, got), (_, want) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+        if got.requires_grad:
+            assert torch.equal(got.grad.full_tensor(), want.grad.full_tensor()), name
+    torch._dynamo.reset()
+
+
+def test_a_base_on_the_meta_device_is_refused_not_quantized_to_garbage() -> None:
+    model = M.build_model(TINY, meta_init=True).requires_grad_(False)
+    with pytest.raises(ValueError, match="needs real weights, not the meta device's"):
+        Q.quantize_base(model, "nf4", torch.bfloat16)

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from flux_cluster.evaluate import base_label
-from flux_cluster.evaluate.run import _load_pipeline, _quantized_with_adapters_off
+from flux_cluster.evaluate.run import _load_pipeline, _quantized_with_adapters_off, weights_of
 from flux_cluster.evaluate.show import results_table
 from flux_cluster.evaluate.target import Target
 from flux_cluster.training import model as M
@@ -44,6 +44,11 @@ def test_a_quantized_runs_base_column_is_its_quantized_base(tiny_pipeline: Path,
     base = out_of(pipe.transformer)
     assert torch.equal(base, out_of(quantized)) and not torch.equal(base, full)
     assert logged and "frozen base nf4" in logged[0]
+    # its size (the result's toy-model caveat) counts the quantized layers' weights, not their buffers
+    adapters = sum(p.numel() for name, p in adapted.named_parameters() if "lora_" in name)
+    plain = sum(p.numel() for p in M.load_pretrained(tiny_pipeline).parameters())
+    assert weights_of(pipe.transformer) == plain + adapters
+    assert sum(p.numel() for p in pipe.transformer.parameters()) < plain
     pipe.transformer.enable_adapters()  # the tuned column: the same base, its adapters on
     assert not torch.equal(out_of(pipe.transformer), base)
 
