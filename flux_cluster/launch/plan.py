@@ -61,6 +61,11 @@ JOBS: dict[str, JobKind] = {
 }
 
 
+COMPLIANCE_MODULE = "flux_cluster.jobs.compliance"
+"""The step a job runs after each repeat whose result log MLPerf scores (JobPlan.checks_compliance): the
+official checker, one line (``python -m MODULE --ruleset R --log-output FILE RESULT_LOG``)."""
+
+
 def data_job(stage: str) -> JobKind:
     """The Slurm job of one prepare-data or data encode stage (see flux_cluster/launch/data_jobs.py)."""
     command = "data encode" if stage in ENCODE_STAGES else "prepare-data"
@@ -166,6 +171,10 @@ class JobPlan:
         fine-tuning run is no MLPerf result (its log says division open, whose flux1 rules it cannot meet)."""
         mlperf_job = self.system.mlperf.check_compliance and self.job.writes_mlperf_log
         return mlperf_job and self.system.train.mode == "pretrain"
+
+    @property
+    def compliance_module(self) -> str:
+        return COMPLIANCE_MODULE
 
     @property
     def requeues_after_a_crash(self) -> bool:

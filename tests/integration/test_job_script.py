@@ -137,7 +137,7 @@ def test_a_log_that_fails_the_compliance_check_fails_the_job(tmp_path: Path, bin
     case = case_dir(tmp_path, "compliance")
     script = stand_ins.render_case(config, case)
     code, output = stand_ins.run(
-        script, bin_dir, rules=[{"match": "flux_cluster.mlperf_rules check", "exit": 1}]
+        script, bin_dir, rules=[{"match": "flux_cluster.jobs.compliance", "exit": 1}]
     )
     assert code == 1, output
     assert "repeat index 0 finished" not in output
