@@ -24,15 +24,13 @@ def data_job_system(system: SystemConfig, stage: str, mounts: tuple[str, ...] = 
     """mounts: extra 'SRC:DST[:ro]' bind mounts for a containerised stage (data encode's images, model and
     cache); ignored on bare metal."""
     prep = system.data_prep
-    gpu = stage == "encode" and system.slurm.gres_gpus
-    # docker/podman containers see every GPU of the node whatever Slurm allotted: a GPU task takes the node.
-    whole_node = gpu and system.container.runtime in ("docker", "podman")
+    gpu = stage == "encode" and system.slurm.gres_gpus  # a container sees only its task's GPU (sbatch.sh.j2)
     slurm = system.slurm.model_copy(
         update={
             "partition": prep.partition or system.slurm.partition,
             "walltime": prep.download_walltime if stage == "download" else prep.walltime,
             "gres_gpus": gpu,
-            "exclusive": whole_node,
+            "exclusive": False,
             "cpus_per_task": prep.workers,
             "mem": prep.mem,
             "mem_per_cpu": None if prep.mem else system.slurm.mem_per_cpu,
