@@ -66,3 +66,18 @@ def test_a_refused_data_encode_makes_no_output_or_cache_folder(
     assert last.startswith("error: sbatch refused the job: ") and REFUSAL in last
     assert not (workdir / "out").exists() and not (workdir / "cache").exists()
     assert list_runs(workdir / "runs") == []
+
+
+def test_an_unstarted_run_goes_at_once_and_a_folder_being_removed_is_never_a_run(tmp_path: Path) -> None:
+    from flux_cluster.launch.submit import remove_unstarted
+
+    run, started = tmp_path / "x" / "20260101-000000-a", tmp_path / "x" / "20260101-000000-b"
+    for folder in (run, started):
+        (folder / "slurm").mkdir(parents=True)
+        (folder / "config.yaml").write_text("{}\n")
+    (started / "jobs.json").write_text("{}\n")
+    (tmp_path / "x" / ".20260101-000000-c.removing-7").mkdir()  # a removal cut short
+    (tmp_path / "x" / ".20260101-000000-c.removing-7" / "config.yaml").write_text("{}\n")
+    assert list_runs(tmp_path) == [run, started]
+    assert "removed its run folder" in remove_unstarted(run) and remove_unstarted(started) == ""
+    assert list_runs(tmp_path) == [started] and not run.exists()
