@@ -93,14 +93,7 @@ def copy_log(
 
     if not os.path.lexists(path):
         return offset
-    source, root = path, run_dir
-    arrays = run_dir.parent / "arrays"
-    if path.is_symlink() and arrays.is_dir():
-        # a sweep point's Slurm logs link to its array's output, in the sweep folder's arrays/
-        target = path.resolve()
-        if target.is_relative_to(arrays.resolve()):
-            source, root = target, arrays
-    with open_regular(source, inside=root) as handle:
+    with open_regular(*_log_source(path, run_dir)) as handle:
         size = os.fstat(handle.fileno()).st_size
         if tail is not None:
             start = max(offset, size - TAIL_WINDOW)
@@ -117,6 +110,31 @@ def copy_log(
             write(decoder.decode(chunk))
         write(decoder.decode(b"", final=True))
     return offset
+
+
+def _log_source(path: Path, run_dir: Path) -> tuple[Path, Path]:
+    """(the file to read, the folder it must be in) for a job log of the run: the log itself, in the run
+    folder; a sweep point's Slurm logs link to its array's output, in the sweep folder's arrays/."""
+    arrays = run_dir.parent / "arrays"
+    if path.is_symlink() and arrays.is_dir():
+        target = path.resolve()
+        if target.is_relative_to(arrays.resolve()):
+            return target, arrays
+    return path, run_dir
+
+
+def log_tail(path: Path, run_dir: Path, limit: int) -> str:
+    """The last limit bytes of a job log of the run, read as copy_log reads it (a regular file inside its
+    folder, never more); '' where there is none yet, or what is there is no such file."""
+    from flux_cluster.outside import OutsideFileError, read_tail
+
+    if not os.path.lexists(path):
+        return ""
+    source, root = _log_source(path, run_dir)
+    try:
+        return read_tail(source, limit, inside=root).decode(errors="replace")
+    except OutsideFileError:
+        return ""
 
 
 def cancel_run(run_dir: Path, record: RunRecord) -> str:
