@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from rich.console import Console
-from throughput.cases import IMPLS, MODES, Row, Shape, cases, is_mode, model_args
+from throughput.cases import IMPLS, MODES, Row, Shape, cases, model_args
 from throughput.output import (
     BRIEF,
     COLUMNS,
@@ -59,6 +59,7 @@ from throughput.output import (
 )
 from throughput.step import measure
 
+from flux_cluster.config.training import is_checkpoint_mode
 from flux_cluster.training.flops import training_flops_per_sample
 from flux_cluster.training.memory import estimate_memory
 from flux_cluster.training.parallelize import FP8_RECIPES
@@ -137,13 +138,13 @@ def parse_args() -> argparse.Namespace:
         setattr(args, option, values)
     args.compile = [value == "on" for value in args.compile]
     args.checkpointing = args.checkpointing.split(",")
-    if unknown := [mode for mode in args.checkpointing if not is_mode(mode)]:
+    if unknown := [mode for mode in args.checkpointing if not is_checkpoint_mode(mode)]:
         parser.error(f"--checkpointing: unknown {', '.join(unknown)}; known: {', '.join(MODES)}")
     if args.cases:
         args.cases = [tuple(pair.split(":")) for pair in args.cases.split(",")]
         for pair in args.cases:
             mbs_ok = len(pair) == 2 or (len(pair) == 3 and pair[2].isdigit())
-            if not mbs_ok or pair[0] not in IMPLS or not is_mode(pair[1]):
+            if not mbs_ok or pair[0] not in IMPLS or not is_checkpoint_mode(pair[1]):
                 what = f"{'|'.join(IMPLS)}:{'|'.join(MODES)}[:micro-batch]"
                 parser.error(f"--cases: {':'.join(pair)} is not impl:mode[:mbs] ({what})")
     args.world_sizes = [int(w) for w in args.world_sizes.split(",")]

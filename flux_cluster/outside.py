@@ -22,6 +22,7 @@ MIB = 1024 * KIB
 # A JSON state file of ours (jobs.json, a manifest, a spec) is a few KiB; metadata files can be larger.
 SMALL_JSON = 4 * MIB
 LINE_LIMIT = 1 * MIB
+"""The longest line kept whole where text is handled a line at a time (a job log's labelled lines)."""
 MAX_COUNT = 2**53
 """Counts (samples, nodes) above this are not exact as floats: no real file has them."""
 
@@ -94,28 +95,6 @@ def read_tail(
         if size > limit:
             handle.seek(size - limit)
         return handle.read(limit)
-
-
-def iter_lines(
-    path: str | os.PathLike[str],
-    line_limit: int = LINE_LIMIT,
-    inside: str | os.PathLike[str] | None = None,
-) -> Iterator[bytes]:
-    """A regular file's lines (without the newline), streamed; a line longer than line_limit is cut
-    there and its rest skipped, so memory stays bounded whatever the file holds."""
-    with open_regular(path, inside) as handle:
-        while True:
-            line = handle.readline(line_limit + 1)
-            if not line:
-                return
-            if len(line) > line_limit and not line.endswith(b"\n"):
-                while True:  # skip the rest of the over-long line
-                    rest = handle.readline(line_limit)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-                yield line[:line_limit]
-                continue
-            yield line.rstrip(b"\n")
 
 
 def parse_json(text: str | bytes, where: str | os.PathLike[str]) -> Any:

@@ -286,10 +286,11 @@ def _checked(path: Path, key: str, data: dict[str, Any]) -> Any:
 
 
 def list_runs(root: Path) -> list[Path]:
-    """Run directories under root, oldest first (their names start with the launch time)."""
+    """Run directories under root, oldest first (their names start with the launch time); never a hidden
+    folder (one being removed)."""
     if not root.is_dir():
         return []
-    found = [p.parent for p in root.glob(f"*/*/{CONFIG_FILE}")]
+    found = [p.parent for p in root.glob(f"*/*/{CONFIG_FILE}") if not p.parent.name.startswith(".")]
     return sorted(found, key=lambda p: (p.name, p.parent.name))
 
 

@@ -3,15 +3,11 @@ micro-batch x checkpointing x compile x fp8 recipe x gc mode) and a measured row
 
 from dataclasses import dataclass
 
-from flux_cluster.config.training import CHECKPOINT_MODES, ops_whole_blocks
+from flux_cluster.config.training import CHECKPOINT_MODES
 from flux_cluster.config.workload import ModelArgs, load_workload
 
 MODES = (*CHECKPOINT_MODES, "ops+N")
 """The checkpointing modes a case takes: the job's (train.activation_checkpointing) less 'auto'."""
-
-
-def is_mode(mode: str) -> bool:
-    return mode in CHECKPOINT_MODES or ops_whole_blocks(mode) is not None
 
 
 PEER_MODES = ("full", "none")

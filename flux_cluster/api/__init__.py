@@ -1,6 +1,7 @@
-"""flux-cluster from Python: the library under the CLI's submit, preflight, requeue, sweep, report,
-prepare-data, data encode and evaluate commands (which are thin wrappers over it), one module per
-group (runs, sweeps, reports, data, evaluation). Importing this package imports no torch.
+"""flux-cluster from Python: the library under the CLI's submit, preflight, runs, status, logs, cancel,
+requeue, sweep, report, prepare-data, data encode and evaluate commands (which are thin wrappers over
+it), one module per group (runs, sweeps, reports, data, evaluation). Importing this package imports no
+torch.
 
     from flux_cluster import api
 
@@ -16,7 +17,7 @@ report() finding no result logs is its subclass NoResultsError.
 from flux_cluster.api.data import DataRun, encode, prepare_data, synth_hf
 from flux_cluster.api.evaluation import Evaluation, evaluate
 from flux_cluster.api.reports import Report, report
-from flux_cluster.api.runs import Run, load_system, open_run, preflight, requeue, submit
+from flux_cluster.api.runs import Run, list_runs, load_system, open_run, preflight, requeue, submit
 from flux_cluster.api.sweeps import Sweep, open_sweep, plan_sweep, sweep
 from flux_cluster.errors import FluxClusterError, NoResultsError
 
@@ -30,6 +31,7 @@ __all__ = [
     "Sweep",
     "encode",
     "evaluate",
+    "list_runs",
     "load_system",
     "open_run",
     "open_sweep",

@@ -1,6 +1,7 @@
-"""Runs: submit, preflight, open, follow and requeue a job (one launch path for the CLI and Python)."""
+"""Runs: submit, preflight, list, open, follow, cancel and requeue a job (one launch path for the CLI and
+Python: the CLI's submit, preflight, runs list, status, logs, cancel and requeue call these)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from flux_cluster.rundir import RunRecord, script_file, throughput_file
 
 if TYPE_CHECKING:
     from flux_cluster.config.schema import SystemConfig
+    from flux_cluster.launch.track import JobStatus, RunListing
 
 
 def load_system(name: str, overrides: Sequence[str] = ()) -> "SystemConfig":
@@ -38,6 +40,11 @@ class Run:
     def job_ids(self) -> list[str]:
         return list(self.record.job_ids)
 
+    @property
+    def launcher(self) -> str:
+        """slurm, local, or dry-run (prepared with --dry-run: nothing started)."""
+        return self.record.launcher
+
     def states(self) -> dict[str, str]:
         """Job (array task) id -> its Slurm state; a local run: {'local': COMPLETED/RUNNING/FAILED (...)}."""
         from flux_cluster.launch.track import run_states
@@ -47,6 +54,19 @@ class Run:
     def status(self) -> str:
         """One word for the whole run: the jobs' states, joined when they differ."""
         return ", ".join(sorted(set(self.states().values())))
+
+    def jobs(self) -> "list[JobStatus]":
+        """Each job (array task) with its live state; a Slurm job's elapsed time, nodes and exit code too
+        (sacct); a local or dry run: one, its process."""
+        from flux_cluster.launch.track import job_statuses
+
+        return job_statuses(self.run_dir, self.record)
+
+    def dry_run_note(self) -> str | None:
+        """A dry run: what it is and how to start it; None for a run that was started."""
+        from flux_cluster.launch.track import dry_run_note
+
+        return dry_run_note(self.run_dir) if self.launcher == "dry-run" else None
 
     def done(self) -> bool:
         from flux_cluster.launch.track import is_final
@@ -65,13 +85,27 @@ class Run:
         return script_file(self.run_dir).read_text()
 
     def logs(self, stderr: bool = False) -> str:
-        """The jobs' output so far, every job's in turn."""
-        from flux_cluster.launch.track import log_files
-
-        parts = [
-            p.read_text(errors="replace") for p in log_files(self.run_dir, self.record, stderr) if p.is_file()
-        ]
+        """The jobs' output so far, every job's in turn (as follow_logs writes it)."""
+        parts: list[str] = []
+        self.follow_logs(parts.append, stderr=stderr)
         return "".join(parts)
+
+    def follow_logs(
+        self,
+        write: Callable[[str], object],
+        *,
+        follow: bool = False,
+        task: int | None = None,
+        stderr: bool = False,
+        tail: int | None = None,
+    ) -> None:
+        """The jobs' output to write, streamed (any size in flat memory; only regular files inside the run
+        folder are read): every repeat, or array task index task; an array run's lines start with their
+        task ('[task 3] ...'). tail: the last lines of each log only; follow: until the jobs end. A dry run
+        has none: one FluxClusterError line."""
+        from flux_cluster.launch.track import stream_logs
+
+        stream_logs(self.run_dir, self.record, write, follow=follow, task=task, stderr=stderr, tail=tail)
 
     def cancel(self) -> str:
         from flux_cluster.launch.track import cancel_run
@@ -198,6 +232,16 @@ def open_run(run: str | Path | None = None, runs_dir: Path | str | None = None) 
 
     run_dir, _ = load_run(run, Path(runs_dir) if runs_dir is not None else None)
     return Run(run_dir.absolute())  # the same run after a chdir
+
+
+def list_runs(runs_dir: Path | str | None = None) -> "RunListing":
+    """Every run under the runs folder (runs_dir, else $FLUX_CLUSTER_RUNS, else ./runs), oldest first, with
+    its jobs' live state; a folder that cannot be read (another version's, a damaged one) is one line in
+    .skipped and the rest are listed."""
+    from flux_cluster.launch.track import list_run_rows
+    from flux_cluster.rundir import runs_root
+
+    return list_run_rows(runs_root(Path(runs_dir) if runs_dir is not None else None))
 
 
 def requeue(run: str | Path | None = None, runs_dir: Path | str | None = None) -> list[str]:

@@ -33,8 +33,14 @@ def ops_whole_blocks(mode: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_checkpoint_mode(mode: str) -> bool:
+    """A mode the training runs as it is: a fixed one (CHECKPOINT_MODES) or 'ops+N'; not 'auto', which
+    is resolved to one of them before the training starts."""
+    return mode in CHECKPOINT_MODES or ops_whole_blocks(mode) is not None
+
+
 def _checkpoint_mode(value: str) -> str:
-    if value != "auto" and value not in CHECKPOINT_MODES and ops_whole_blocks(value) is None:
+    if value != "auto" and not is_checkpoint_mode(value):
         raise ValueError(f"got {value!r}, expected auto, {', '.join(CHECKPOINT_MODES)} or ops+N (N >= 1)")
     return value
 

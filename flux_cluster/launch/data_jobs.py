@@ -4,6 +4,7 @@ share of the work. The stages are chained with afterok dependencies. Only the en
 (one per task, where the system requests GPUs as GRES)."""
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,15 +25,13 @@ def data_job_system(system: SystemConfig, stage: str, mounts: tuple[str, ...] = 
     """mounts: extra 'SRC:DST[:ro]' bind mounts for a containerised stage (data encode's images, model and
     cache); ignored on bare metal."""
     prep = system.data_prep
-    gpu = stage == "encode" and system.slurm.gres_gpus
-    # docker/podman containers see every GPU of the node whatever Slurm allotted: a GPU task takes the node.
-    whole_node = gpu and system.container.runtime in ("docker", "podman")
+    gpu = stage == "encode" and system.slurm.gres_gpus  # a container sees only its task's GPU (sbatch.sh.j2)
     slurm = system.slurm.model_copy(
         update={
             "partition": prep.partition or system.slurm.partition,
             "walltime": prep.download_walltime if stage == "download" else prep.walltime,
             "gres_gpus": gpu,
-            "exclusive": whole_node,
+            "exclusive": False,
             "cpus_per_task": prep.workers,
             "mem": prep.mem,
             "mem_per_cpu": None if prep.mem else system.slurm.mem_per_cpu,
@@ -92,34 +91,56 @@ def submit_stages(
     command: str = "prepare-data",
     mounts: tuple[str, ...] = (),
     prepare: Callable[[Path], None] | None = None,
+    folders: tuple[Path, ...] = (),
 ) -> list[StageJob]:
     """Each stage a job in its own run directory under <runs>/<command>, chained by afterok (a dry run has
     no job ids to chain: its scripts are submitted in order by hand); prepare writes what a stage's job
-    reads beside its config, before it is submitted."""
+    reads beside its config, before it is submitted. The jobs' mount sources (the data root, the source
+    root for a download, folders) are made first; if the first stage is refused, what this made goes."""
+    from flux_cluster.errors import FluxClusterError
     from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
     from flux_cluster.rundir import create_run_dir, runs_root
 
     require_slurm(config)
     root = runs_root(runs_dir, config).absolute()
     check_slurm_path(root)
+    needed = list(folders)
     for key in ("source_root", "data_root"):
         value = getattr(config.paths, key)
         if value is not None:
             check_slurm_path(Path(value))
             # Pyxis and docker need a mount's source to exist; the source root is made only for a download.
-            if not dry_run and (key == "data_root" or "download" in stages):
-                Path(value).mkdir(parents=True, exist_ok=True)
+            if key == "data_root" or "download" in stages:
+                needed.append(Path(value))
+    made = [] if dry_run else [folder for path in needed for folder in _make_folder(path)]
     experiment = command.replace(" ", "-")
     dependency: str | None = None
-    started = []
+    started: list[StageJob] = []
     for stage in stages:
         run_dir = create_run_dir(root, experiment, f"{config.name}-{stage}")
         plan = data_job_plan(config, stage, run_dir, experiment, dependency, mounts)
-        launched = launch_plan(plan, dry_run=dry_run, prepare=prepare)
+        try:
+            launched = launch_plan(plan, dry_run=dry_run, prepare=prepare)
+        except FluxClusterError:
+            if not started:  # no job will use them: the folders this call made go (if still empty)
+                for folder in reversed(made):
+                    with suppress(OSError):
+                        folder.rmdir()
+            raise
         started.append(StageJob(stage, launched))
         if not dry_run:
             dependency = f"afterok:{launched.record.job_ids[0].split('_')[0]}"
     return started
+
+
+def _make_folder(path: Path) -> list[Path]:
+    """mkdir -p path; returns the folders it made, outermost first."""
+    made, missing = [], path.absolute()
+    while not missing.exists():
+        made.append(missing)
+        missing = missing.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return made[::-1]
 
 
 def submit_encode(
@@ -171,9 +192,14 @@ def submit_encode(
 
     def prepare(run_dir: Path) -> None:
         write_encode_options(run_dir, options)
-        if not dry_run:  # here, after every check: a container mount's source must exist
-            cache.mkdir(parents=True, exist_ok=True)
 
     return submit_stages(
-        config, list(ENCODE_STAGES), runs_dir, dry_run, command="data encode", mounts=mounts, prepare=prepare
+        config,
+        list(ENCODE_STAGES),
+        runs_dir,
+        dry_run,
+        command="data encode",
+        mounts=mounts,
+        prepare=prepare,
+        folders=(cache,),  # a container mount's source must exist
     )

@@ -65,7 +65,9 @@ def evaluate_slurm_system(system: "SystemConfig", mounts: tuple[str, ...]) -> "S
 def submit_evaluation(
     options: "EvalOptions", system: str, sets: list[str], runs_dir: Path | None, dry_run: bool
 ) -> "Launched":
-    """The job evaluates options, written with absolute paths into its run directory (OPTIONS_FILE)."""
+    """The job evaluates options, written with absolute paths into its run directory (OPTIONS_FILE). A
+    target that is not a run gets its output there too (results/eval.json) unless --output names a file:
+    the job's folder and its output are one place."""
     from flux_cluster.atomic import write_atomic
     from flux_cluster.config import load_system
     from flux_cluster.evaluate import OPTIONS_FILE
@@ -83,30 +85,36 @@ def submit_evaluation(
     pipeline = pipeline_folder(target, options.model)
     read_prompts(options.prompts)
     clip = find_clip(pipeline, options.clip)
-    output, _grid = output_paths(target, options.output, runs_root(None))
-    absolute = dataclasses.replace(
-        options,
-        target=options.target.absolute(),
-        model=pipeline.absolute(),
-        prompts=options.prompts.absolute() if options.prompts else None,
-        clip=clip.absolute(),
-        output=None if target.run_dir else output,
-    )
+    named = None  # where the job writes outside its own folder: a run's results/, or --output's folder
+    if target.run_dir is not None or options.output is not None:  # (output_paths refuses both at once)
+        named = output_paths(target, options.output, Path())[0].parent
     # a CLIP from the Hugging Face cache: its snapshot's files link into the repository's blobs/
     clip_source = clip_mount(clip.absolute())
-    read_only = [absolute.target, absolute.model, clip_source, absolute.prompts, target.data_root]
+    prompts = options.prompts.absolute() if options.prompts else None
+    read_only = [options.target.absolute(), pipeline.absolute(), clip_source, prompts, target.data_root]
     mounts = [f"{p}:{p}:ro" for p in read_only if p is not None]
-    writable = results_dir(target.run_dir) if target.run_dir else output.parent
-    mounts.append(f"{writable.absolute()}:{writable.absolute()}")
+    if named is not None:
+        mounts.append(f"{named.absolute()}:{named.absolute()}")
     for mount in mounts:
         check_slurm_path(Path(mount.split(":")[0]))  # they become mount specifications: no ':' or ','
     config = evaluate_slurm_system(config, tuple(mounts))
     root = runs_root(runs_dir, config).absolute()
     check_slurm_path(root)
-    if not dry_run:
-        writable.mkdir(parents=True, exist_ok=True)  # a container mount's source must exist
+    if named is not None and not dry_run:
+        named.mkdir(parents=True, exist_ok=True)  # a container mount's source must exist
     run_dir = create_run_dir(root, "evaluate", config.name)
     plan = make_plan(config, "evaluate", run_dir, "evaluate", 0, extra_minutes=JOB_MINUTES)
+    output = None  # a run's results/eval_<k>.json, chosen when written
+    if target.run_dir is None:
+        output = (options.output or results_dir(run_dir) / "eval.json").absolute()
+    absolute = dataclasses.replace(
+        options,
+        target=options.target.absolute(),
+        model=pipeline.absolute(),
+        prompts=prompts,
+        clip=clip.absolute(),
+        output=output,
+    )
 
     def write_options(run_dir: Path) -> None:
         document = {"options": options_to_json(absolute)}

@@ -1,6 +1,7 @@
 """Everything a job script needs, computed once in Python so the templates stay declarative; and the job
 registry: which ``python -m`` module (under flux_cluster/jobs/, named here, never imported) each job runs."""
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,11 @@ JOBS: dict[str, JobKind] = {
         run_minutes_from_system=False,
     ),
 }
+
+
+COMPLIANCE_MODULE = "flux_cluster.jobs.compliance"
+"""The step a job runs after each repeat whose result log MLPerf scores (JobPlan.checks_compliance): the
+official checker, one line (``python -m MODULE --ruleset R --log-output FILE RESULT_LOG``)."""
 
 
 def data_job(stage: str) -> JobKind:
@@ -167,6 +173,10 @@ class JobPlan:
         return mlperf_job and self.system.train.mode == "pretrain"
 
     @property
+    def compliance_module(self) -> str:
+        return COMPLIANCE_MODULE
+
+    @property
     def requeues_after_a_crash(self) -> bool:
         """A rank killed by a signal requeues the job: only training, whose checkpoints by wall time bound
         what a crash costs. A preflight that lost a rank has found a fault to report, not to retry."""
@@ -254,23 +264,30 @@ def make_plan(
     )
 
 
-DEPENDENCY_KINDS = ("after", "afterok", "afterany", "afternotok", "aftercorr")
+DEPENDENCY_KINDS = (
+    "after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok", "singleton",
+)  # fmt: skip
+"""What sbatch's --dependency takes (its man page): TYPE:JOBID[:JOBID...], after's ids with +MINUTES, and
+singleton alone."""
+_JOB_ID = r"[0-9]+(?:_[0-9]+)?"  # a job, or one task of an array
+_DEPENDENCY = re.compile(
+    rf"after:{_JOB_ID}(?:\+[0-9]+)?(?::{_JOB_ID}(?:\+[0-9]+)?)*"
+    rf"|(?:afterany|afterburstbuffer|aftercorr|afternotok|afterok):{_JOB_ID}(?::{_JOB_ID})*"
+    r"|singleton"
+)
 
 
 def check_dependency(text: str) -> None:
-    """A Slurm dependency as --dependency takes it: TYPE:JOBID[:JOBID...], several joined by ',' (all
-    must hold); anything else is one line."""
-    for part in text.split(","):
-        kind, _, ids = part.partition(":")
-        if (
-            kind not in DEPENDENCY_KINDS
-            or not ids
-            or not all(p.replace("_", "").isdigit() for p in ids.split(":"))
-        ):
-            raise FluxClusterError(
-                f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] (several joined by ',') with TYPE "
-                f"one of {', '.join(DEPENDENCY_KINDS)}"
-            )
+    """A Slurm dependency as sbatch's --dependency takes it: TYPE:JOBID[:JOBID...] (after:JOBID+MINUTES,
+    singleton), several joined by ',' (all must hold) or by '?' (any may), never both; anything else is
+    one line."""
+    separator = "?" if "?" in text else ","
+    if not all(_DEPENDENCY.fullmatch(part) for part in text.split(separator)):
+        raise FluxClusterError(
+            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] (JOBID digits, or ID_TASK), several "
+            f"joined by ',' (all) or by '?' (any), not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} "
+            "(after:JOBID+MINUTES; singleton alone)"
+        )
 
 
 @dataclass(frozen=True)

@@ -225,14 +225,21 @@ def launch_plan(
 
 def remove_unstarted(run_dir: Path) -> str:
     """Remove the folder of a run that never started (no jobs.json: sbatch refused it, or writing it
-    failed), so it never becomes the 'latest' run; returns what to add to the error line."""
+    failed), so it never becomes the 'latest' run; returns what to add to the error line. Atomic: the
+    folder is renamed to a hidden name first (no run lists it), then removed."""
+    import os
     import shutil
 
     from flux_cluster.rundir import jobs_file
 
     if not run_dir.is_dir() or jobs_file(run_dir).exists():
         return ""
-    shutil.rmtree(run_dir, ignore_errors=True)
+    hidden = run_dir.with_name(f".{run_dir.name}.removing-{os.getpid()}")
+    try:
+        run_dir.rename(hidden)
+    except OSError:
+        hidden = run_dir
+    shutil.rmtree(hidden, ignore_errors=True)
     return f" (nothing started: removed its run folder {run_dir})"
 
 

@@ -129,7 +129,7 @@ def run_sweep(folder: Path, console: "Console | None" = None, dependency: str | 
             return state
         here = _runs_here(state)
         if dependency is not None:
-            check_sweep_dependency(dependency, not here)
+            check_sweep_dependency(dependency, not here, state.max_parallel)
         if here:
             return _run_here(folder, state, todo, console)
         return queue_points(folder, state, todo, console, dependency)

@@ -34,7 +34,7 @@ def queue_points(
     point that cannot be prepared, or whose array sbatch refused, is failed with the reason and takes no
     place in the window."""
     from flux_cluster.launch.render import allocation
-    from flux_cluster.launch.submit import plan_launch, write_run
+    from flux_cluster.launch.submit import plan_launch, remove_unstarted, write_run
 
     window = state.max_parallel
     # (array id, how many of its tasks may run at once), oldest first: what a new array may have to wait for
@@ -48,8 +48,13 @@ def queue_points(
         reset(point)
         try:
             plan, training = plan_launch(point_request(folder, state, point), console)
-            write_run(plan, training)
         except FluxClusterError as exc:  # e.g. a data root missing: the others still go
+            point.status, point.error = "failed", str(exc)
+            continue
+        try:
+            write_run(plan, training)
+        except FluxClusterError as exc:
+            remove_unstarted(plan.run_dir)
             point.status, point.error = "failed", str(exc)
             continue
         point.run_dir, point.launcher = str(plan.run_dir), "slurm"
@@ -92,12 +97,12 @@ def _submit_array(
 ) -> str | None:
     """sbatch one array for the group's points (task i: the i-th point); its task ids go to each point's
     jobs.json, and each point's slurm/ links to its task's output. Returns the array's id, or None when
-    sbatch refused it (its points failed, with the reason)."""
+    sbatch refused it (its points failed, with the reason; their run folders and the array's removed)."""
     from flux_cluster.atomic import write_atomic
     from flux_cluster.launch import slurm
     from flux_cluster.launch.plan import ArrayPlan
     from flux_cluster.launch.render import render_array
-    from flux_cluster.launch.submit import warn_if_image_missing
+    from flux_cluster.launch.submit import remove_unstarted, warn_if_image_missing
     from flux_cluster.rundir import RunRecord, create_run_dir
 
     first = group[0][1]
@@ -115,9 +120,13 @@ def _submit_array(
     warn_if_image_missing(first.system, console)
     try:
         base_id = slurm.submit_script(script, plan.slurm_dir)
-    except FluxClusterError as exc:
-        for point, _ in group:
-            point.status, point.error = "failed", str(exc)
+    except FluxClusterError as exc:  # nothing started: none of its folders stays (--resume makes new ones)
+        for point, point_plan in group:
+            remove_unstarted(point_plan.run_dir)
+            point.status, point.error, point.run_dir, point.launcher = "failed", str(exc), None, None
+        remove_unstarted(plan.folder)
+        with suppress(OSError):  # arrays/ itself, if this was its first
+            plan.folder.parent.rmdir()
         return None
     submitted = time.time()
     for task, (point, _) in enumerate(group):  # recorded at once: a --resume must never queue them again

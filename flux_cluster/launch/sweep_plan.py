@@ -185,7 +185,7 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
         require_slurm(base)
     slurm_points = base.launcher == "slurm" and not request.here
     if request.dependency is not None:
-        check_sweep_dependency(request.dependency, slurm_points)
+        check_sweep_dependency(request.dependency, slurm_points, request.max_parallel)
     scale = scales_batch(request)
     ranks, global_batch = [], []
     for point in points:
@@ -239,12 +239,17 @@ def print_plan(plan: SweepPlan, console: "Console") -> None:
     print_table(console, table)
 
 
-def check_sweep_dependency(dependency: str, slurm_points: bool) -> None:
+def check_sweep_dependency(dependency: str, slurm_points: bool, window: int | None) -> None:
     from flux_cluster.launch.plan import check_dependency
 
     if not slurm_points:
         raise FluxClusterError(f"--dependency {dependency}: the points run on this machine, not in Slurm")
     check_dependency(dependency)
+    if window and "?" in dependency:  # Slurm takes ',' or '?' in one list, never both
+        raise FluxClusterError(
+            f"--dependency {dependency}: with --max-parallel an array also waits (',') for the arrays before "
+            "it, which Slurm cannot join to a '?' (any of) list; join yours with ',' or drop --max-parallel"
+        )
 
 
 def point_overrides(shared: list[str], point: Point, here: bool) -> list[str]:

@@ -121,18 +121,21 @@ def _run_system(run_dir: Path) -> "SystemConfig | None":
     return system
 
 
+FAILURE_TAIL_BYTES = 65536
+"""How much of the end of a failed point's logs is searched for why it failed."""
+
+
 def _failure(run_dir: Path, states: dict[str, str]) -> tuple[str, str]:
     """('oom' or 'failed', the reason): an out-of-memory in the log makes it oom even without a record
     (a train job, or a rank the OOM killed before it wrote)."""
-    from flux_cluster.launch.track import log_files
+    from flux_cluster.launch.track import log_files, log_tail
     from flux_cluster.rundir import RunRecord
 
     record = RunRecord.load(run_dir)
     text = ""
     if record is not None:
         for path in log_files(run_dir, record) + log_files(run_dir, record, stderr=True):
-            if path.is_file():
-                text += path.read_bytes()[-65536:].decode(errors="replace")
+            text += log_tail(path, run_dir, FAILURE_TAIL_BYTES)
     if "OutOfMemoryError" in text or "out of memory" in text.lower():
         return "oom", "out of memory (see the run's log)"
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith("error")]

@@ -80,6 +80,19 @@ class QuantizedBase:
         )
 
 
+STORED = {"fp8": ("weight_fp8", "weight_scale"), "nf4": ("weight_nf4", "weight_absmax")}
+"""Per base precision, a quantized layer's two stored tensors, (data, scale): its buffers' names, and the
+ends of a pre-quantized checkpoint's keys (what ``models quantize`` writes and ``load_streaming`` reads)."""
+_STORED_AS = {name: (precision, i) for precision, names in STORED.items() for i, name in enumerate(names)}
+"""A stored tensor's name -> (its precision, 0 for the data or 1 for the scale)."""
+
+
+def _companion(name: str) -> str:
+    """The other stored tensor of the layer a stored tensor's name belongs to."""
+    precision, index = _STORED_AS[name]
+    return STORED[precision][1 - index]
+
+
 _Stored = tuple[torch.Tensor, torch.Tensor] | None
 """A layer's weight already quantized as it was read (``load_streaming``): (data, scale) or (packed,
 absmax), typed or as their stored bytes."""
@@ -143,8 +156,8 @@ class Float8FrozenLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         data, scale = stored or quantize_fp8(linear.weight)
-        self.register_buffer("weight_fp8", data.view(torch.uint8), persistent=False)
-        self.register_buffer("weight_scale", scale.view(torch.uint8), persistent=False)
+        self.register_buffer(STORED["fp8"][0], data.view(torch.uint8), persistent=False)
+        self.register_buffer(STORED["fp8"][1], scale.view(torch.uint8), persistent=False)
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
 
@@ -214,8 +227,8 @@ class NF4FrozenLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         packed, absmax = stored or quantize_nf4(linear.weight)
-        self.register_buffer("weight_nf4", packed, persistent=False)
-        self.register_buffer("weight_absmax", absmax.contiguous().view(torch.uint8), persistent=False)
+        self.register_buffer(STORED["nf4"][0], packed, persistent=False)
+        self.register_buffer(STORED["nf4"][1], absmax.contiguous().view(torch.uint8), persistent=False)
         self.register_buffer("code", torch.tensor(NF4_CODE, device=packed.device), persistent=False)
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
@@ -276,17 +289,13 @@ def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) ->
     return QuantizedBase(precision, quantized, kept, before, parameter_bytes(model))
 
 
-STORED_NAMES = ("weight_fp8", "weight_scale", "weight_nf4", "weight_absmax")
-"""The quantized layers' stored tensors (their buffers; a pre-quantized checkpoint's keys end in them)."""
-
-
 def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state_dict of an unwrapped ``model`` with its quantized layers' bytes, which it leaves out
     (non-persistent buffers, so that training checkpoints hold the adapters alone), under their module
     names as any weight: what ``models quantize`` writes and ``load_streaming`` reads."""
     state = model.state_dict()
     for name, buffer in model.named_buffers():
-        if name.rpartition(".")[2] in STORED_NAMES:
+        if name.rpartition(".")[2] in _STORED_AS:
             state[name] = buffer
     return state
 
@@ -457,13 +466,13 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
             for key, tensor in read_safetensors(file):
                 prefix, _, kind = key.rpartition(".")
                 linear = modules.get(prefix)
-                if prequantized and kind in _PAIRS:
-                    first = halves.pop(f"{prefix}.{_PAIRS[kind]}", None)
+                if prequantized and kind in _STORED_AS:
+                    first = halves.pop(f"{prefix}.{_companion(kind)}", None)
                     if first is None:
                         halves[key] = tensor
                         continue
-                    pair = (tensor, first) if kind in ("weight_fp8", "weight_nf4") else (first, tensor)
-                    stored = "fp8" if kind in ("weight_fp8", "weight_scale") else "nf4"
+                    stored, index = _STORED_AS[kind]
+                    pair = (tensor, first) if index == 0 else (first, tensor)
                     state[f"{prefix}.weight"] = _prequantized_weight(
                         file, prefix, linear, pair, stored, precision
                     )
@@ -494,7 +503,8 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
             raise FluxClusterError(f"{file}: cannot be read ({exc.strerror or exc}){expected}") from None
     if halves:
         prefix, _, kind = next(iter(halves)).rpartition(".")
-        raise FluxClusterError(f"{files[0]}: {prefix}.{kind} without {prefix}.{_PAIRS[kind]}; {_EXPECTED}")
+        missing_one = f"{prefix}.{kind} without {prefix}.{_companion(kind)}"
+        raise FluxClusterError(f"{files[0]}: {missing_one}; {_EXPECTED}")
     missing = [key for key in shapes if key not in state]
     if missing:
         raise FluxClusterError(
@@ -522,13 +532,6 @@ def _few(keys: list[str]) -> str:
     return ", ".join(printable(key[:200]) for key in keys[:3]) + more
 
 
-_PAIRS = {
-    "weight_fp8": "weight_scale", "weight_scale": "weight_fp8",
-    "weight_nf4": "weight_absmax", "weight_absmax": "weight_nf4",
-}  # fmt: skip
-"""A pre-quantized layer's two stored tensors, each to its companion."""
-
-
 _ROWS_AT_ONCE = 1 << 22
 """Weights quantized at once by ``_quantize_rows`` (their temporaries: ~16 bytes a weight)."""
 
@@ -552,7 +555,7 @@ def _prequantized_weight(
     """The placeholder of a pre-quantized layer: its stored (data, scale) or (packed, absmax) bytes of
     ``kind`` as they are, after checking they fit the layer the config makes at ``precision``."""
     data, scale = pair
-    names = f"{prefix}.weight_{kind} and {prefix}.weight_{'scale' if kind == 'fp8' else 'absmax'}"
+    names = " and ".join(f"{prefix}.{name}" for name in STORED[kind])
     if type(linear) is not torch.nn.Linear:
         raise FluxClusterError(f"{file}: {names}: config.json has no linear layer {prefix}; {_EXPECTED}")
     rows, cols = linear.out_features, linear.in_features

@@ -48,7 +48,7 @@ run_experiment() {
     python3 -m flux_cluster.jobs.local_launch --standalone --nnodes=1 --nproc-per-node=8 \
         -m flux_cluster.jobs.train --config "$_fc_config"
     # the official checker; prints the one compliance line (passed / NON-CONFORMING: reasons / error)
-    python3 -m flux_cluster.mlperf_rules check --ruleset 6.1.0 \
+    python3 -m flux_cluster.jobs.compliance --ruleset 6.1.0 \
         --log-output "$_fc_results_dir/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" || exit 1
     end_experiment
 }

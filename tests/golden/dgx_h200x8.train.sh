@@ -174,7 +174,7 @@ run_experiment() {
     fi
     (( _fc_rc == 0 )) || { log "experiment ${FLUX_EXP_INDEX} failed with exit code ${_fc_rc}"; return "$_fc_rc"; }
     # the official checker; prints the one compliance line (passed / NON-CONFORMING: reasons / error)
-    on_one python -m flux_cluster.mlperf_rules check --ruleset 6.1.0 \
+    on_one python -m flux_cluster.jobs.compliance --ruleset 6.1.0 \
         --log-output "$_fc_results_dir/compliance_${FLUX_EXP_INDEX}.log" "$FLUX_RESULT_LOG" || return 1
     end_experiment
 }

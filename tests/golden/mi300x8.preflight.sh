@@ -104,8 +104,13 @@ trap stop_containers EXIT
 # One long-lived container per node; ranks are started in it with 'exec'.
 log "starting ${_fc_container_image} as ${_fc_container_name} on every node"
 on_hosts "$_fc_runtime" rm --force "$_fc_container_name" >/dev/null 2>&1 || true
-on_hosts "$_fc_runtime" run --detach --rm --name="$_fc_container_name" \
-    --device=/dev/kfd --device=/dev/dri \
+# The container is given the node's GPUs but sees only those Slurm gave this job there: the step's
+# SLURM_STEP_GPUS (global ids, not relative to a device cgroup, which a container escapes) becomes its
+# ROCR_VISIBLE_DEVICES; every GPU where Slurm names none (no GRES).
+# shellcheck disable=SC2016  # expanded by the bash on each node
+_fc_own_gpus='if [[ -n ${SLURM_STEP_GPUS:-} ]]; then export ROCR_VISIBLE_DEVICES=$SLURM_STEP_GPUS; else unset ROCR_VISIBLE_DEVICES; fi; exec "$@"'
+on_hosts bash -c "$_fc_own_gpus" own_gpus "$_fc_runtime" run --detach --rm --name="$_fc_container_name" \
+    --env=ROCR_VISIBLE_DEVICES --device=/dev/kfd --device=/dev/dri \
     --ipc=host --network=host --ulimit=memlock=-1 --ulimit=stack=67108864 \
     --volume=/mnt/mlperf/flux1/energon:/data:ro \
     --volume=/runs/preflight/20260101-000000-mi300x8:/runs/preflight/20260101-000000-mi300x8 \

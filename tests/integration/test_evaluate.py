@@ -393,6 +393,33 @@ def test_evaluate_a_run_writes_the_contract_and_the_grid_via_its_slurm_job(
     assert (run_dir / "results" / "eval_0.json").read_bytes() == first
 
 
+def test_evaluate_submit_of_a_pipeline_writes_its_output_in_the_jobs_own_folder(
+    cli: CliRunner, workdir: Path, tiny_pipeline: Path
+) -> None:
+    """A target that is no run (a pipeline alone): the job's run folder under --runs-dir holds its options
+    and its output (results/eval.json), nothing goes to ./runs; the report finds the evaluation there."""
+    from flux_cluster.jobs import evaluate as job
+    from flux_cluster.report.build import Options, build
+
+    runs = workdir / "elsewhere"
+    args = ["evaluate", str(tiny_pipeline), *FAST, "--runs", "1", "--system", "local_slurm", "--submit"]
+    result = cli.invoke(app, [*args, "--dry-run", "--runs-dir", str(runs)])
+    assert result.exit_code == 0, result.output
+    (job_dir,) = (runs / "evaluate").iterdir()
+    sent = json.loads((job_dir / OPTIONS_FILE).read_text())["options"]
+    assert sent["output"] == str(job_dir / "results" / "eval.json")
+    assert not (workdir / "runs").exists()
+    assert job.main(["--config", str(job_dir / "config.yaml")]) == 0
+    assert sorted(p.name for p in (job_dir / "results").iterdir()) == [
+        "eval.json",
+        "eval_grid.png",
+        "eval_images",
+    ]
+    (group,) = build([runs], Options(check=False))
+    assert [e.name for e in group.evals] == ["eval.json"] and group.system == "local_slurm"
+    assert not (workdir / "runs").exists()
+
+
 @pytest.fixture(scope="module")
 def evaluated(
     flux_layout: tuple[Path, Path, Path], lora: Path, tmp_path_factory: pytest.TempPathFactory

@@ -132,12 +132,48 @@ def test_docker_relays_the_batch_signal_into_the_containers(tmp_path: Path, bin_
     assert len(removed) == 2, "a stale container is removed before the start, and ours at the end"
 
 
+@pytest.mark.parametrize(
+    ("system", "sets", "visible"),
+    [
+        ("mi300x8", [], "ROCR_VISIBLE_DEVICES"),
+        ("dgx_h100x8", ["container.runtime=docker"], "CUDA_VISIBLE_DEVICES"),
+        ("dgx_h100x8", ["container.runtime=podman"], "CUDA_VISIBLE_DEVICES"),
+    ],
+)
+def test_a_container_sees_only_the_gpus_slurm_gave_the_one_gpu_evaluate_job(
+    tmp_path: Path, bin_dir: Path, system: str, sets: list[str], visible: str
+) -> None:
+    """The container's start, as srun runs it on a node: the step's SLURM_STEP_GPUS (global ids) become
+    the container's visible devices (docker/podman --env=NAME takes the value from their own
+    environment), never Slurm's cgroup-relative CUDA_VISIBLE_DEVICES; with no GRES, every GPU."""
+    import os
+    import subprocess
+
+    from flux_cluster.launch.evaluate_jobs import evaluate_slurm_system
+
+    config = evaluate_slurm_system(load_system(system, sets, environ={}).config, ())
+    case = case_dir(tmp_path, "gpus")
+    code, output = stand_ins.run(stand_ins.render_case(config, case, job="evaluate"), bin_dir)
+    assert code == 0, output
+    (start,) = [c["argv"] for c in stand_ins.calls(case) if "run" in c["argv"] and "--detach" in c["argv"]]
+    assert start[0] == "srun" and f"--env={visible}" in start
+    on_node = start[start.index("bash") :]  # what srun runs on each node
+    runtime = config.container.runtime
+    for step_gpus, seen in (("3", "3"), ("", None)):
+        (case / "record.jsonl").unlink()
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD_FILE": str(case / "record.jsonl")}
+        env |= {"PROBE_VAR_NAME": visible, visible: "0", "SLURM_STEP_GPUS": step_gpus}
+        subprocess.run(on_node, env={**os.environ, **env}, check=True)
+        (call,) = [c for c in stand_ins.calls(case) if c["argv"][:2] == [runtime, "run"]]
+        assert call["probe"] == seen, (step_gpus, call)
+
+
 def test_a_log_that_fails_the_compliance_check_fails_the_job(tmp_path: Path, bin_dir: Path) -> None:
     config = load_system("local_slurm", ["mlperf.nexp=2", "mlperf.nexp_mode=serial"], environ={}).config
     case = case_dir(tmp_path, "compliance")
     script = stand_ins.render_case(config, case)
     code, output = stand_ins.run(
-        script, bin_dir, rules=[{"match": "flux_cluster.mlperf_rules check", "exit": 1}]
+        script, bin_dir, rules=[{"match": "flux_cluster.jobs.compliance", "exit": 1}]
     )
     assert code == 1, output
     assert "repeat index 0 finished" not in output

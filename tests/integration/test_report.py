@@ -417,7 +417,7 @@ def test_fine_tuning_runs_skip_the_checker_and_cost_their_measured_time(
         args = ["submit", "--system", "local", "--dry-run", *(x for s in sets for x in ("--set", s))]
         script = cli.invoke(app, args)
         assert script.exit_code == 0, script.output
-        assert ("-m flux_cluster.mlperf_rules check" in script.output) is checked, sets
+        assert ("-m flux_cluster.jobs.compliance" in script.output) is checked, sets
 
 
 def test_plots_give_each_scale_its_own_panel_and_name_what_they_leave_out(sample: Path) -> None:

@@ -19,6 +19,7 @@ from flux_cluster.cli import app
 from flux_cluster.launch import slurm
 from flux_cluster.launch.sweep import run_sweep, start_sweep
 from flux_cluster.launch.sweep_plan import SweepRequest
+from flux_cluster.rundir import list_runs
 from flux_cluster.sweepdir import SUMMARY_FILE, SWEEP_FILE, SweepState
 from flux_cluster.training.throughput import OOM_EXIT_CODE, TEST_OOM_ENV
 
@@ -194,6 +195,8 @@ def test_arrays_chain_within_max_parallel_and_respect_the_dependency_through_slu
         state = SweepState.load(folder)
         assert [p.status for p in state.points] == ["running", "failed", "running", "failed"]
         assert all("sbatch refused the job" in (state.points[i].error or "") for i in (1, 3))
+        assert state.points[1].run_dir is None and state.points[3].run_dir is None  # their folders removed
+        assert len(list((folder / "arrays").iterdir())) == 2 and len(list_runs(folder.parent)) == 2
         first, second = (state.points[i].job_ids[0].split("_")[0] for i in (0, 2))
         assert _dependency(first) == f"afterok:{held}(unfulfilled)"
         assert _dependency(second) == f"afterok:{held}(unfulfilled),afterany:{first}_*(unfulfilled)"

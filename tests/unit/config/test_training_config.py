@@ -232,3 +232,26 @@ def test_systems_show_calls_fp8_experimental_with_its_measured_ratio(cli: CliRun
     assert fp8.exit_code == 0 and FP8_STATUS in fp8.output and "1.16x" in FP8_STATUS
     bf16 = cli.invoke(app, ["systems", "show", "dgx_h100x8"])
     assert bf16.exit_code == 0 and "experimental" not in bf16.output
+
+
+def test_the_checkpoint_modes_a_run_takes_are_one_public_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.training.is_checkpoint_mode: what a run trains with ('auto' only as the config's value,
+    resolved before training), and what the throughput benchmark takes (--checkpointing, --cases)."""
+    import sys
+
+    from flux_cluster.config.training import is_checkpoint_mode
+
+    taken = ("full", "alternate", "single", "ops", "none", "ops+1", "ops+12")
+    refused = ("auto", "ops+0", "ops+", "ops+two", "opsx", "Full", "ops+01", "")
+    assert all(is_checkpoint_mode(mode) for mode in taken)
+    assert not any(is_checkpoint_mode(mode) for mode in refused)
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[3] / "benchmarks"))
+    from train_throughput import parse_args
+
+    monkeypatch.setattr(sys, "argv", ["train_throughput.py", "--checkpointing", ",".join(taken)])
+    assert parse_args().checkpointing == list(taken)
+    for mode in refused[:-1]:
+        for args in (["--checkpointing", mode], ["--cases", f"ours:{mode}"]):
+            monkeypatch.setattr(sys, "argv", ["train_throughput.py", *args])
+            with pytest.raises(SystemExit):
+                parse_args()

@@ -119,5 +119,5 @@ def test_submit_checks_the_model_folder_and_records_what_it_resolved(cli, workdi
     assert (system.train.mode, system.train.precision, system.train.parallel) == ("finetune", "fp32", "dp")
     assert job["training"]["kind"] == "hf"
     script = (run_dir / "job.sh").read_text()
-    assert "--nproc-per-node=1 " in script and "mlperf_rules check" not in script  # no MLPerf result
+    assert "--nproc-per-node=1 " in script and "jobs.compliance" not in script  # no MLPerf result
     assert "FLUX_DATA_DIR" not in script  # no Energon dataset made or mounted

@@ -55,8 +55,9 @@ def test_dry_run_renders_an_encode_array_and_a_finish_job_with_the_options_in_a_
         mounts = [f"{images}:{images}:ro", f"{tiny_pipeline}:{tiny_pipeline}:ro", f"{workdir / 'cache'}:"]
         mounts.append(f"{workdir / 'out'}:/data")
         assert all((mount in script) == (system != "local_slurm") for mount in mounts), script
-        # docker sees every GPU of the node: a GPU task there takes the whole node.
-        assert ("#SBATCH --exclusive\n" in script) == (gpu and system == "mi300x8")
+        # a task's container sees the GPU Slurm gave it: tasks share a node, in docker too
+        assert "#SBATCH --exclusive\n" not in script
+        assert ("_fc_own_gpus" in script) == (system == "mi300x8")
     assert "--dependency=afterok:<job id of the stage before>" in result.output
     assert not (workdir / "out").exists() and not (workdir / "cache").exists()  # a dry run makes neither
 

@@ -93,6 +93,20 @@ def test_every_golden_file_belongs_to_a_case() -> None:
     assert {p.name for p in GOLDEN.glob("*.sh")} == expected
 
 
+def test_every_module_a_job_script_runs_is_an_entry_under_jobs() -> None:
+    """Each `python -m` module a rendered script names (launch/plan.py names them) is an entry point of
+    flux_cluster/jobs/, the rank side, and exists: the compliance step and the signal relay included."""
+    import importlib.util
+    import re
+
+    named = set()
+    for case in CASES:
+        named |= set(re.findall(r"-m (flux_cluster\.[\w.]+)", render_case(*case)))
+    assert {"flux_cluster.jobs.compliance", "flux_cluster.jobs.signals", "flux_cluster.jobs.train"} <= named
+    for module in sorted(named):
+        assert module.startswith("flux_cluster.jobs.") and importlib.util.find_spec(module), module
+
+
 def test_nvidia_script_has_what_run_sub_users_rely_on() -> None:
     text = render_case("dgx_h100x8", "train", 10)
     for needle in (
@@ -108,7 +122,7 @@ def test_nvidia_script_has_what_run_sub_users_rely_on() -> None:
         "--signal=USR1@300",
         "vm.drop_caches=3",
         "--comm-only",
-        "flux_cluster.mlperf_rules check",
+        "flux_cluster.jobs.compliance --ruleset",
         "SEED_BASE=1234",
         "NEXP=10",
         "#SBATCH --export=ALL,HF_TOKEN=",  # the secret's value never passes through Slurm
@@ -152,7 +166,7 @@ def test_data_convert_job_is_an_array_with_writable_mounts() -> None:
         "/lustre/mlperf/flux1/energon:/data,/lustre/mlperf/flux1/download:/source,",
     ):
         assert needle in text, needle
-    for absent in ("--gpus-per-node", "mlperf_rules check", "--comm-only", "drop_caches", "--exclusive"):
+    for absent in ("--gpus-per-node", "jobs.compliance", "--comm-only", "drop_caches", "--exclusive"):
         assert absent not in text, absent
 
 

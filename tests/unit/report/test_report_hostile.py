@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from flux_cluster import mlperf_rules
 from flux_cluster.cli import app
-from flux_cluster.mlperf_rules import compliance_verdict
+from flux_cluster.jobs.compliance import compliance_verdict
 from flux_cluster.report import compliance
 from flux_cluster.report.discover import find_inputs
 from flux_cluster.report.formats import print_tables, render_csv, render_markdown

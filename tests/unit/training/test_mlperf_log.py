@@ -7,15 +7,15 @@ from checker import compliance_check
 
 from flux_cluster.config import load_system
 from flux_cluster.config.workload import load_workload, resolve_training, run_deviations
+from flux_cluster.jobs.compliance import compliance_verdict
+from flux_cluster.jobs.compliance import main as compliance_step
 from flux_cluster.mlperf_rules import (
     RULESETS,
     Deviation,
     Ruleset,
     closed_division_deviations,
-    compliance_verdict,
     logged_deviations,
 )
-from flux_cluster.mlperf_rules import main as compliance_step
 from flux_cluster.training.mlperf_log import MlperfLog, RunFacts, evaluation_frequency
 
 
@@ -182,10 +182,7 @@ def test_the_compliance_step_labels_a_non_conforming_run(
     assert (
         said.count("NON-CONFORMING") == 1 and "[train] NON-CONFORMING: not an MLPerf closed-division" in said
     )
-    assert (
-        compliance_step(["check", str(tiny), "--ruleset", "6.1.0", "--log-output", str(tmp_path / "c1.log")])
-        == 0
-    )
+    assert compliance_step([str(tiny), "--ruleset", "6.1.0", "--log-output", str(tmp_path / "c1.log")]) == 0
     line = capsys.readouterr().out
     assert line.count("\n") == 1 and line.startswith("result_1.txt is NON-CONFORMING, not an MLPerf result: ")
     assert (

@@ -103,7 +103,7 @@ def test_a_quantized_base_trains_only_the_adapters_and_saves_its_bytes(precision
     assert not any(p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
 
 
-STORED = {"fp8": ("weight_fp8", "weight_scale"), "nf4": ("weight_nf4", "weight_absmax")}
+STORED = Q.STORED  # one table: the layers' buffers, what models quantize writes and the loader pairs
 
 
 def quantized_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -119,6 +119,9 @@ def test_a_quantized_base_holds_its_bytes_in_buffers_and_only_float_parameters(p
     # torch < 2.13's fully_shard makes each sharded parameter require gradients first: an integer one raises
     assert all(p.is_floating_point() for p in model.parameters())
     layers = quantized_layers(model)
+    assert all(
+        {name for name, _ in layer.named_buffers()} - {"code"} == set(STORED[precision]) for layer in layers
+    )
     buffers = [dict(layer.named_buffers())[name] for layer in layers for name in STORED[precision]]
     assert layers and all(b.dtype == torch.uint8 for b in buffers)
     # in no state_dict (training checkpoints hold the adapters), but in what models quantize writes
@@ -345,6 +348,29 @@ def test_a_damaged_pre_quantized_checkpoint_is_one_line_naming_the_file(
     message = str(caught.value)
     assert str(damaged / "transformer" / named) in message and "\n" not in message
     assert "flux-cluster models quantize" in message
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+def test_a_stored_tensor_without_its_companion_names_both(
+    nf4_checkpoint: Path, tmp_path: Path, kept: int
+) -> None:
+    """The loader pairs each stored tensor with its companion from Q.STORED: either one alone is one line
+    naming it and the one it lacks."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(nf4_checkpoint, damaged)
+    file = damaged / "transformer" / Q.QUANTIZED_WEIGHTS
+    state = load_file(file)
+    names = Q.STORED["nf4"]
+    prefix = sorted(k for k in state if k.endswith(f".{names[0]}"))[0].rpartition(".")[0]
+    del state[f"{prefix}.{names[1 - kept]}"]
+    save_file(state, file, metadata={"base_precision": "nf4"})
+    with pytest.raises(FluxClusterError) as caught:
+        Q.pretrained_base(damaged, "nf4", "lora")
+    assert f"{prefix}.{names[kept]} without {prefix}.{names[1 - kept]}" in str(caught.value)
 
 
 def test_the_parameter_count_of_a_quantized_base_counts_weights_not_packed_bytes() -> None:

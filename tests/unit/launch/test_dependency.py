@@ -1,0 +1,61 @@
+"""--dependency takes exactly what sbatch's --dependency does (its man page); anything else is one line."""
+
+import pytest
+
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.launch.plan import check_dependency
+from flux_cluster.launch.sweep_plan import check_sweep_dependency
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "afterok:123",
+        "afterany:123:456",
+        "singleton",
+        "after:123+5",
+        "after:123+5:124",
+        "aftercorr:77",
+        "afternotok:8",
+        "afterburstbuffer:9",
+        "afterok:123_4",  # one task of an array
+        "afterok:1,afterany:2:3,singleton",
+        "afterok:1?afternotok:1",
+    ],
+)
+def test_slurms_forms_are_taken(text: str) -> None:
+    check_dependency(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "whenever:1",
+        "afterok",
+        "afterok:",
+        "afterok:x",
+        "afterok:_1",
+        "afterok:1_",
+        "afterok:1__2",
+        "afterok:1+5",  # a delay is after's alone
+        "after:1+",
+        "singleton:1",
+        "afterok:1,afterany:2?afterok:3",  # ',' and '?' in one list
+        "afterok:1,",
+        "afterok:1 ",
+        "afterok:1\nafterok:2",
+        "",
+    ],
+)
+def test_anything_else_is_one_line(text: str) -> None:
+    with pytest.raises(FluxClusterError) as refused:
+        check_dependency(text)
+    line = str(refused.value)
+    assert line.startswith(f"--dependency {text!r}: expected TYPE:JOBID") and "\n" not in line
+
+
+def test_a_sweep_with_a_window_cannot_join_its_waits_to_an_any_of_list() -> None:
+    check_sweep_dependency("afterok:1?afterok:2", True, None)
+    check_sweep_dependency("afterok:1,afterok:2", True, 2)
+    with pytest.raises(FluxClusterError, match="Slurm cannot join to a '\\?' \\(any of\\) list"):
+        check_sweep_dependency("afterok:1?afterok:2", True, 2)
