@@ -1,8 +1,6 @@
 """The report as a terminal table, JSON, CSV or Markdown. One list of columns serves all of them."""
 
-import csv
 import html
-import io
 import json
 import math
 from collections.abc import Callable
@@ -29,7 +27,7 @@ from flux_cluster.report.hf import (
 from flux_cluster.report.ladder import LADDER_NOTE, LADDER_TITLE, LadderRow, ladder_document, ladder_rows
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.rundir import RESULTS_DIR
-from flux_cluster.safe_text import csv_cell, plain, printable
+from flux_cluster.safe_text import csv_text, plain, printable
 
 SCHEMA_VERSION = 1
 
@@ -338,13 +336,11 @@ CSV_FIELDS = [
 def render_csv(groups: list[GroupResult]) -> str:
     """One row per group, the JSON names as headers (full precision, for spreadsheets and scripts)."""
     hf = bool(hf_rows(groups))  # the hf columns only where there are hf runs: other reports keep theirs
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS + (HF_CSV_FIELDS if hf else []), lineterminator="\n")
-    writer.writeheader()
-    for group in groups:
-        row = {name: getattr(group, name) for name in CSV_FIELDS} | (hf_group_values(group) if hf else {})
-        writer.writerow({name: csv_cell(value) for name, value in row.items()})
-    return out.getvalue()
+    rows = [
+        {name: getattr(group, name) for name in CSV_FIELDS} | (hf_group_values(group) if hf else {})
+        for group in groups
+    ]
+    return csv_text(rows, CSV_FIELDS + (HF_CSV_FIELDS if hf else []))
 
 
 # Markdown renders inline HTML, links and emphasis; these characters become entities so a cell or line
@@ -488,7 +484,7 @@ def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
             "|---|---|---|---|",
         ]
         for m in pair["metrics"]:
-            cells = (m["name"], format_number(m["a"]), format_number(m["b"]), format_ratio(m["ratio"]))
+            cells = (m["name"], format_metric(m, "a"), format_metric(m, "b"), format_ratio(m["ratio"]))
             lines.append("| " + " | ".join(cells) + " |")
     lines += [f"- unmatched: {_md(u)}" for u in comparison["unmatched"]]
     return lines
@@ -517,6 +513,18 @@ def format_number(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+PERCENT_METRICS = frozenset({"MFU"})
+"""Comparison metrics that are fractions, shown as percents as every other output shows them."""
+
+
+def format_metric(metric: dict[str, Any], side: str) -> str:
+    """A comparison metric's value on one side ('a' or 'b'), as the tables show that figure."""
+    value = metric[side]
+    if metric["name"] in PERCENT_METRICS and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.1%}"
+    return format_number(value)
+
+
 def format_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}x"
 
@@ -533,8 +541,8 @@ def print_comparison(comparison: dict[str, Any], console: Any) -> None:
         for metric in pair["metrics"]:
             table.add_row(
                 metric["name"],
-                format_number(metric["a"]),
-                format_number(metric["b"]),
+                format_metric(metric, "a"),
+                format_metric(metric, "b"),
                 format_ratio(metric["ratio"]),
             )
         print_table(console, table)

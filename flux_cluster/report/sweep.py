@@ -28,17 +28,17 @@ from flux_cluster.report.formats import (
     HF_COMPARISON_TITLE,
     Column,
     comparison_markdown,
-    format_number,
+    format_metric,
     format_ratio,
     print_comparison,
 )
 from flux_cluster.report.hf import COMPARED_KEYS, compared_metrics, one_change_pairs, shown
 from flux_cluster.sweepdir import (
+    SUMMARY_FLOAT,
     SWEEP_FILE,
     Point,
     SweepState,
     summary_columns,
-    summary_csv,
     summary_rows,
 )
 
@@ -264,26 +264,20 @@ def sweep_document(reports: list[SweepReport]) -> dict[str, Any]:
 
 
 def render_csv(reports: list[SweepReport]) -> str:
-    """One sweep: runs_summary.csv's columns and cells, its rows in the report's order. Several: a
-    leading 'sweep' column (the sweep's name) and every sweep's columns. Every cell as csv_cell has it:
-    no control character reaches a terminal, no formula a spreadsheet."""
-    import csv
-    import io
-
-    from flux_cluster.safe_text import csv_cell
+    """One sweep: runs_summary.csv's columns and cells. Several: a leading 'sweep' column (the sweep's
+    name) and every sweep's columns. Written as every CSV of flux-cluster is (safe_text.csv_text)."""
+    from flux_cluster.safe_text import csv_text
 
     several = len(reports) > 1
     columns = ["sweep"] if several else []
     for report in reports:
         columns += [c for c in report.columns if c not in columns]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for report in reports:
-        for row in csv.DictReader(io.StringIO(summary_csv(report.state))):
-            cells = {key: csv_cell(value) for key, value in row.items()}
-            writer.writerow({"sweep": csv_cell(report.name), **cells} if several else cells)
-    return out.getvalue()
+    rows = [
+        {"sweep": report.name, **row} if several else row
+        for report in reports
+        for row in summary_rows(report.state)
+    ]
+    return csv_text(rows, columns, float_format=SUMMARY_FLOAT)
 
 
 def render_markdown(reports: list[SweepReport]) -> str:
@@ -413,6 +407,6 @@ def render_html(reports: list[SweepReport]) -> str:
         version=__version__,
         comparison_title=HF_COMPARISON_TITLE,
         comparison_note=COMPARISON_NOTE,
-        number=format_number,
+        metric=format_metric,
         ratio=format_ratio,
     )

@@ -139,3 +139,26 @@ def test_a_scaled_score_shows_its_factor_and_gpu_hours_are_measured(sample: Path
     assert "tyche_ngpu16_ngc25.09_nemo (Tyche (1x NVIDIA GB200 NVL72))" in row  # the summarizer's name too
     assert "x1.25 RCP" in render_markdown([group]) and "x1.25 RCP" in plots.time_to_train([group])
     assert "RCP scaling factor 1.25" in render_html([group], checked=False)
+
+
+def test_compare_shows_mfu_as_a_percent_as_every_other_output(sample: Path, tmp_path: Path) -> None:
+    from flux_cluster.report.compare import compare
+    from flux_cluster.report.formats import comparison_markdown, print_comparison
+
+    a, b = _unscored(mfu=0.3125), _unscored(path="/r/mi300/flux1", system="mi300", mfu=0.25)
+    comparison = compare(Path("/r"), [a], Path("/s"), [b])
+    out = io.StringIO()
+    print_comparison(comparison, Console(file=out, width=120))
+    (row,) = [line for line in out.getvalue().splitlines() if "MFU" in line]
+    assert "31.2%" in row and "25.0%" in row and "0.800x" in row and "0.3125" not in row, row
+    markdown = "\n".join(comparison_markdown(comparison))
+    assert "| MFU | 31.2% | 25.0% | 0.800x |" in markdown
+    page = render_html([a, b], checked=False, comparison=comparison)
+    assert "<td>31.2%</td><td>25.0%</td>" in page and "0.3125" not in page
+    assert comparison["pairs"][0]["metrics"][6] == {
+        "name": "MFU",
+        "key": "mfu",
+        "a": 0.3125,
+        "b": 0.25,
+        "ratio": 0.8,
+    }
