@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.report import formats, plots
+from flux_cluster.report.columns import format_metric, format_ratio
 from flux_cluster.report.hf import comparisons, hf_rows
 from flux_cluster.report.ladder import ladder_rows
 from flux_cluster.report.scoring import GroupResult
@@ -230,6 +231,6 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
         plots=plots.all_plots(groups),
         group_columns=[c for c in formats.GROUP_COLUMNS if c.page],
         warnings=formats.all_warnings,
-        metric=formats.format_metric,
-        ratio=formats.format_ratio,
+        metric=format_metric,
+        ratio=format_ratio,
     )

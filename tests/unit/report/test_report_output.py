@@ -51,7 +51,7 @@ def test_piped_tables_keep_every_value_whole(sample: Path, cli: CliRunner, tmp_p
 
     deep = fine_tuning_run(tmp_path / ("a-rather-long-folder-name-" * 6) / "lora-run")
     out = tmp_path / "f.txt"
-    assert cli.invoke(app, ["report", str(deep), "--no-check", "-o", str(out)]).exit_code == 0
+    assert cli.invoke(app, ["report", str(deep), "--no-check", "--wide", "-o", str(out)]).exit_code == 0
     text = out.read_text()
     assert "\u2026" not in text and any(
         str(deep / "results" / "best_0") in line for line in text.splitlines()
@@ -87,7 +87,7 @@ def test_every_module_that_builds_a_table_prints_it_with_print_table() -> None:
             name = first.func if isinstance(first, ast.Call) else first
             if getattr(name, "id", None) in tables:
                 bypasses.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
-    assert {"formats.py", "sweep.py", "verify.py", "preflight.py"} <= set(builders), builders
+    assert {"columns.py", "verify.py", "preflight.py"} <= set(builders), builders
     assert not bypasses, "print these with flux_cluster.console.print_table:\n" + "\n".join(bypasses)
 
 
@@ -162,3 +162,51 @@ def test_compare_shows_mfu_as_a_percent_as_every_other_output(sample: Path, tmp_
         "b": 0.25,
         "ratio": 0.8,
     }
+
+
+def _all_words(groups: list[GroupResult]) -> set[str]:
+    """Every word of every cell any table of these groups has (--wide)."""
+    from flux_cluster.report import formats
+
+    texts = {c.text(g) for c in formats.FINE_TUNING_COLUMNS + formats.GROUP_COLUMNS for g in groups}
+    for group in groups:
+        texts |= {c.text(r) for c in formats.run_columns(group) for r in group.runs}
+        texts |= {c.text(e) for c in formats.EVAL_COLUMNS for e in group.evals}
+    return {word for text in texts for word in text.split()}
+
+
+@pytest.mark.parametrize("width", [80, 120, 160])
+def test_terminal_tables_fit_the_window_and_never_cut_a_number(
+    sample: Path, tmp_path: Path, width: int
+) -> None:
+    """Issue 39: the fine-tuning table's 20 columns on 80-160 columns: its compact columns fitted to the
+    window; a number is never cut ('best val loss 1.53...', 'samples to converge 11,30...') nor broken."""
+    from test_report_eval import write_eval
+    from test_report_finetune import _summary
+
+    from flux_cluster.console import _NUMBER
+
+    a = fine_tuning_run(
+        tmp_path / "aws_p5-20261128-lora", minutes=[30.0, 34.0],
+        summaries=[_summary(), _summary(best_eval_loss=1.53456)],
+    )  # fmt: skip
+    b = fine_tuning_run(tmp_path / "b", gpus=4, price=3.0, summaries=[_summary(images_per_s=150.0)])
+    write_eval(a)
+    groups = build([a, b, sample], Options(check=False))
+    out = io.StringIO()
+    print_tables(groups, Console(file=out, width=width, force_terminal=True, color_system=None), False)
+    text = out.getvalue()
+    rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert "\u2026" not in text and max(len(line) for line in rows) <= width, text
+    words = _all_words(groups)
+    cells = [cell.strip() for line in rows if line[0] == "│" for cell in line.strip("│").split("│")]
+    broken = [w for cell in cells for w in cell.split() if _NUMBER.fullmatch(w) and w not in words]
+    assert not broken, text  # no part of a number: each is one whole value of its column
+    for figure in ("1.5346", "7,864,320", "160.71", "8.53", "0.9873", "31.5"):  # best loss, samples, ...
+        assert figure in cells, (figure, text)
+    side = text.split("Fine-tuning, side by side")[1].split("No olympic score")[0]
+    assert ("not shown at" in side) == (width == 80), side  # 80 leaves columns out, saying which
+    wide = io.StringIO()
+    print_tables(groups, Console(file=wide, width=width, force_terminal=True, color_system=None), False, True)
+    assert "final val loss" in wide.getvalue().split("Fine-tuning, side by side")[1]  # --wide: every column
+    assert "not shown at" not in wide.getvalue()
