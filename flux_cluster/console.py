@@ -138,10 +138,7 @@ def _fit_to_width(out: "Console", table: "Table", priority: Sequence[str]) -> li
                 growing.remove(column)
     table.columns[:] = kept
     for index, column in enumerate(kept):
-        column._index, column.width, column.no_wrap, column.overflow = (
-            index,
-            widths[id(column)],
-            False,
-            "fold",
-        )
+        column._index = index  # rich pads a column by its place (print_table restores both)
+        column.width = widths[id(column)]
+        column.no_wrap, column.overflow = False, "fold"  # at least each number's width: only text folds
     return [headers[columns.index(c)] for c in columns if c not in kept]
