@@ -1,44 +1,144 @@
-"""How flux-cluster prints, from the CLI and the library alike: rich output with emoji codes off, tables
-at full width when piped (every module that builds a rich Table prints it with print_table; a test checks
-it). rich is imported only when something is printed."""
+"""How flux-cluster prints, from the CLI and the library alike: rich output with emoji codes off, lines whole
+when redirected, and tables that never cut a value (every module that builds a rich Table prints it with
+print_table; a test checks it). rich is imported only when something is printed."""
 
+import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
+
+WHOLE_WORD = 12
+"""A word up to this long (a number, a status, a short name) never breaks in a terminal table; a longer one
+(a path) may fold over lines. A number never breaks, however long."""
+_NUMBER = re.compile(r"[-+]?[\d.,_]*\d[\d.,_]*(e[-+]?\d+)?[%x*]?")
 
 
 def cli_console(stderr: bool = False) -> "Console":
-    """A rich Console that prints ':1234:' (e.g. in 'afterany:1234:1235') as typed, not as an emoji."""
+    """A rich Console that prints ':1234:' (e.g. in 'afterany:1234:1235') as typed, not as an emoji, and,
+    redirected (a log, a pipe), each line whole: a long path is never wrapped mid-token at 80 columns."""
     from rich.console import Console
 
-    return Console(stderr=stderr, emoji=False)
+    console = Console(stderr=stderr, emoji=False)
+    console.soft_wrap = not console.is_terminal
+    return console
 
 
-def print_table(out: "Console", table: "Table") -> None:
+def print_table(
+    out: "Console", table: "Table", priority: Sequence[str] = (), fit: bool = True, hint: str = ""
+) -> None:
     """Every table flux-cluster prints goes through here. Its title is a line of its own, never wrapped
-    to the table's width (a long path stays whole). On a terminal the table fits the window; piped
-    (| grep, > file) it keeps every value whole on one line, however wide: never cut, never wrapped."""
-    from rich.measure import Measurement
+    to the table's width (a long path stays whole). On a terminal the table fits the window without
+    cutting a value: headers wrap at spaces, long text folds, numbers stay whole, and where even that is
+    too wide the columns least important go (those not in ``priority``, the most important first, from
+    the right; then priority's last), named in one line after the table (with ``hint``). Piped (| grep,
+    > file) or with fit False (report --wide), every value is whole on one line, however wide."""
     from rich.text import Text
 
     title, table.title = table.title, None
+    columns = list(table.columns)
     try:
         if title is not None:
             heading = title if isinstance(title, Text) else out.render_str(str(title))  # markup, as rich
             out.print(heading, style="table.title", soft_wrap=True, highlight=False)
-        if out.is_terminal:
+        if out.is_terminal and fit:
+            dropped = _fit_to_width(out, table, priority)
             out.print(table)
+            if dropped:
+                out.print(
+                    f"not shown at {out.width} columns: {', '.join(dropped)}{hint}",
+                    style="dim",
+                    soft_wrap=True,
+                    highlight=False,
+                    markup=False,
+                )
             return
-        for column in table.columns:
-            column.no_wrap = True  # at its measured width nothing is cut; no value breaks over lines
-        needed = Measurement.get(out, out.options.update_width(1 << 20), table).maximum
-        saved = out.width
-        out.width = max(saved, needed)  # print() never renders wider than the console
-        try:
-            out.print(table, crop=False)
-        finally:
-            out.width = saved
+        _print_whole(out, table)
     finally:
         table.title = title
+        table.columns[:] = columns
+        for index, column in enumerate(columns):
+            column._index = index
+
+
+def _print_whole(out: "Console", table: "Table") -> None:
+    from rich.measure import Measurement
+
+    for column in table.columns:
+        column.no_wrap = True  # at its measured width nothing is cut; no value breaks over lines
+    needed = Measurement.get(out, out.options.update_width(1 << 20), table).maximum
+    saved = out.width
+    out.width = max(saved, needed)  # print() never renders wider than the console
+    try:
+        out.print(table, crop=False)
+    finally:
+        out.width = saved
+
+
+def _texts(out: "Console", table: "Table", column: "Column") -> list[str]:
+    from rich.text import Text
+
+    cells = [column.header] if table.show_header else []
+    cells += list(column.cells)
+    return [
+        c.plain if isinstance(c, Text) else out.render_str(c).plain if isinstance(c, str) else ""
+        for c in cells
+    ]
+
+
+def _widths(out: "Console", table: "Table", column: "Column") -> tuple[int, int]:
+    """(least width that cuts no number and breaks no short word, width that breaks nothing)."""
+    from rich.cells import cell_len
+
+    least, natural = 1, 1
+    for text in _texts(out, table, column):
+        for line in text.splitlines() or [""]:
+            natural = max(natural, cell_len(line))
+            for word in line.split():
+                whole = cell_len(word) <= WHOLE_WORD or _NUMBER.fullmatch(word)
+                least = max(least, cell_len(word) if whole else WHOLE_WORD)
+    return least, natural
+
+
+def _overhead(table: "Table", count: int) -> int:
+    """Borders and padding of a table of count columns."""
+    from rich.padding import Padding
+
+    _, right, _, left = Padding.unpack(table.padding)
+    edges = 2 if table.box and table.show_edge else 0
+    separators = count - 1 if table.box else 0
+    padding = (left + right) * count - (0 if table.pad_edge else left + right)
+    return edges + separators + padding
+
+
+def _fit_to_width(out: "Console", table: "Table", priority: Sequence[str]) -> list[str]:
+    """Fixed widths for table's columns that fit out's width; the headers of the columns left out."""
+    columns = list(table.columns)
+    headers = [_texts(out, table, c)[0] if table.show_header else str(c._index) for c in columns]
+    ranges = {id(c): _widths(out, table, c) for c in columns}
+    ranked = [h for h in priority if h in headers]
+    # least important first: unranked columns from the right, then the ranked ones from the last
+    order = [c for c in reversed(columns) if headers[columns.index(c)] not in ranked]
+    order += [columns[headers.index(h)] for h in reversed(ranked)]
+    kept = list(columns)
+    while len(kept) > 1 and sum(ranges[id(c)][0] for c in kept) + _overhead(table, len(kept)) > out.width:
+        kept.remove(order.pop(0))
+    widths = {id(c): ranges[id(c)][0] for c in kept}
+    spare = out.width - _overhead(table, len(kept)) - sum(widths.values())
+    growing = [c for c in kept if widths[id(c)] < ranges[id(c)][1]]
+    while spare > 0 and growing:  # a character each in turn: headers unwrap, long text unfolds
+        for column in list(growing):
+            if spare == 0:
+                break
+            widths[id(column)] += 1
+            spare -= 1
+            if widths[id(column)] >= ranges[id(column)][1]:
+                growing.remove(column)
+    table.columns[:] = kept
+    for index, column in enumerate(kept):
+        column._index = index  # rich pads a column by its place (print_table restores both)
+        column.width = widths[id(column)]
+        column.no_wrap, column.overflow = False, "fold"  # at least each number's width: only text folds
+    return [headers[columns.index(c)] for c in columns if c not in kept]

@@ -10,9 +10,12 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+
     from rich.text import Text
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""Every character printable spells out."""
 
 
 def _visible(match: re.Match[str]) -> str:
@@ -22,7 +25,7 @@ def _visible(match: re.Match[str]) -> str:
 
 def printable(text: str) -> str:
     """text with every control character (C0, DEL, C1, line separators, bidi controls) spelled out."""
-    return _CONTROL.sub(_visible, text)
+    return CONTROL.sub(_visible, text)
 
 
 def plain(text: str, style: str = "") -> "Text":
@@ -40,11 +43,45 @@ def markup_escape(text: str) -> str:
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def csv_cell(value: object) -> object:
     """A CSV cell: text gets its control characters spelled out (a CSV is read on terminals too), and a
-    leading quote where a spreadsheet would run it as a formula (OWASP CSV injection); others unchanged."""
+    leading quote where a spreadsheet would run it as a formula (OWASP CSV injection); numbers, and text
+    that is one plain number ('-1.5'), unchanged."""
     if not isinstance(value, str):
         return value
-    return "'" + printable(value) if value.startswith(_FORMULA_START) else printable(value)
+    if value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + printable(value)
+    return printable(value)
+
+
+def csv_text(
+    rows: "Iterable[Mapping[str, object]]",
+    columns: "Sequence[str] | None" = None,
+    *,
+    float_format: str | None = None,
+) -> str:
+    """The one way flux-cluster writes CSV: a header of columns (default: the first row's keys), then a
+    line per row, every cell (and header) through csv_cell; None and a missing key as an empty cell, floats
+    in float_format where given (e.g. '{:.6g}')."""
+    import csv
+    import io
+
+    rows = list(rows)
+    names = list(columns if columns is not None else (rows[0] if rows else {}))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([csv_cell(name) for name in names])
+    for row in rows:
+        writer.writerow([_csv_value(row.get(name), float_format) for name in names])
+    return out.getvalue()
+
+
+def _csv_value(value: object, float_format: str | None) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, float) and float_format is not None:
+        return float_format.format(value)
+    return csv_cell(value)

@@ -2,8 +2,6 @@
 ``runs_summary.csv`` (one row per point), beside the points' run directories. No torch here: the report
 and ``flux-cluster --help`` read it."""
 
-import csv
-import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -12,6 +10,7 @@ from typing import Any
 
 from flux_cluster.atomic import write_atomic
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.safe_text import csv_text
 
 SWEEP_FILE = "sweep.json"
 SUMMARY_FILE = "runs_summary.csv"
@@ -185,23 +184,12 @@ def summary_columns(state: SweepState) -> list[str]:
     ]
 
 
+SUMMARY_FLOAT = "{:.6g}"
+"""runs_summary.csv's figures: six significant digits."""
+
+
 def summary_csv(state: SweepState) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=summary_columns(state), lineterminator="\n")
-    writer.writeheader()
-    for row in summary_rows(state):
-        writer.writerow({k: "" if v is None else _csv_value(v) for k, v in row.items()})
-    return out.getvalue()
-
-
-def _csv_value(value: object) -> object:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, str):  # no formula for a spreadsheet, no control character for a terminal
-        from flux_cluster.safe_text import csv_cell
-
-        return csv_cell(value)
-    return value
+    return csv_text(summary_rows(state), summary_columns(state), float_format=SUMMARY_FLOAT)
 
 
 def _number(value: object) -> float | None:

@@ -32,6 +32,22 @@ class Format(StrEnum):
 
 
 RulesetChoice = StrEnum("RulesetChoice", {ruleset: ruleset for ruleset in RULESETS})
+CompareOption = Annotated[
+    tuple[Path, Path] | None,
+    typer.Option(
+        help="Compare two groups or two sets of groups: A B, with B/A ratios.",
+        metavar="A B",
+        show_default=False,
+    ),
+]
+WideOption = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="Terminal tables: every column, each value whole however wide \\[default: the columns that "
+        "answer each table's question, fitted to the window; json, csv, md and html have every field].",
+    ),
+]
 
 
 def report(
@@ -91,14 +107,8 @@ def report(
     target: Annotated[
         float, typer.Option(min=0, help="Quality target for logs without target_accuracy.")
     ] = QUALITY_TARGET,
-    compare: Annotated[
-        tuple[Path, Path] | None,
-        typer.Option(
-            help="Compare two groups or two sets of groups: A B, with B/A ratios.",
-            metavar="A B",
-            show_default=False,
-        ),
-    ] = None,
+    compare: CompareOption = None,
+    wide: WideOption = False,
     runs_dir: RunsDirOption = None,
 ) -> None:
     """Harvest MLPerf result logs into olympic time-to-train, samples to converge, throughput, MFU,
@@ -130,10 +140,10 @@ def report(
     }
     found = _report(roots, options)
     if found.sweeps:
-        _emit_sweeps(found.sweeps, output_format, output)
+        _emit_sweeps(found.sweeps, output_format, output, wide)
         return
     _unpriced(prices, found.groups)
-    _emit(found.groups, output_format, output, check, found.comparison)
+    _emit(found.groups, output_format, output, check, found.comparison, wide)
 
 
 def parse_prices(values: list[str]) -> tuple[float | None, dict[str, float]]:
@@ -202,7 +212,9 @@ def _report(roots: list[Path], options: dict[str, Any]) -> "Report":
         raise typer.Exit(NOTHING_FOUND_EXIT_CODE) from None
 
 
-def _emit_sweeps(reports: "list[SweepReport]", output_format: Format, output: Path | None) -> None:
+def _emit_sweeps(
+    reports: "list[SweepReport]", output_format: Format, output: Path | None, wide: bool = False
+) -> None:
     """Sweep folders (sweep.json): their points, the best per node count, the plots (HTML)."""
     from flux_cluster.report import sweep
 
@@ -210,7 +222,7 @@ def _emit_sweeps(reports: "list[SweepReport]", output_format: Format, output: Pa
 
         def draw(console: "Console") -> None:
             for report in reports:
-                sweep.print_sweep(report, console)
+                sweep.print_sweep(report, console, wide)
 
         _print_tables(draw, output)
         return
@@ -229,13 +241,14 @@ def _emit(
     output: Path | None,
     checked: bool,
     comparison: dict[str, Any] | None,
+    wide: bool = False,
 ) -> None:
     from flux_cluster.report import formats
 
     if output_format is Format.table:
 
         def draw(console: "Console") -> None:
-            formats.print_tables(groups, console, checked)
+            formats.print_tables(groups, console, checked, wide)
             if comparison is not None:
                 formats.print_comparison(comparison, console)
 

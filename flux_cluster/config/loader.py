@@ -157,9 +157,20 @@ class ResolvedSystem:
     sources: dict[str, str]
     """Dotted key -> where its value came from."""
     file: Path
+    overridden: frozenset[str] = frozenset()
+    """The keys an override set (--set, a sweep's grid)."""
 
     def source_of(self, key: str) -> str:
         return self.sources.get(key, "default")
+
+    def chosen_for_run(self, key: str) -> str | None:
+        """Where this run's own choice of key came from (an override, or the system's
+        ``benchmarks.<workload>:`` section); None for the system's train section or a default."""
+        for name in (key, *_parents(key)):  # '--set train={...}' sets every key below train
+            source = self.sources.get(name)
+            if source is not None:
+                return source if name in self.overridden or "(benchmarks." in source else None
+        return None
 
 
 def search_dirs() -> list[Path]:
@@ -531,7 +542,8 @@ def load_system(
         config = SystemConfig.model_validate(tree)
     except ValidationError as exc:
         raise FluxClusterError(_explain(exc.errors()[0], tree, sources, path)) from None
-    return ResolvedSystem(config=config, sources=sources, file=path)
+    overridden = frozenset(key for key, _, _ in parsed)
+    return ResolvedSystem(config=config, sources=sources, file=path, overridden=overridden)
 
 
 def flat_view(resolved: ResolvedSystem) -> list[tuple[str, Any, str]]:

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from flux_cluster.config.batch_fit import BatchFit
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.config.training import FluxPrecision, HfPrecision, TrainConfig
 from flux_cluster.errors import FluxClusterError
@@ -166,6 +167,9 @@ class TrainingPlan(_Strict):
     workload_file: str
     micro_batch_auto: MicroBatchChoice | None = None
     """How train.micro_batch_size 'auto' chose the micro-batch in train (None: set in the config)."""
+    batch_fit: BatchFit | None = None
+    """Fine-tuning: the batch submit took because the train split holds less than the configured one
+    (config/batch_fit.py; None: the configured batch)."""
 
     @property
     def global_batch_size(self) -> int:

@@ -7,6 +7,7 @@ through unchanged; only the loader decodes them.
 import io
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -17,6 +18,8 @@ SPLITS: tuple[Split, ...] = ("train", "val")
 SOURCE_DIRS: dict[Split, str] = {"train": "cc12m_preprocessed", "val": "coco_preprocessed"}
 """Folder of each split's preprocessed source under the download root (MLCommons' names)."""
 EMPTY_DIR = "empty_encodings"
+ENERGON_INFO = ".nv-meta/.info.json"
+"""Energon's metadata: the samples of every shard."""
 EMPTY_FILES = ("t5_empty.npy", "clip_empty.npy")
 
 KEY_COLUMN = "__key__"
@@ -148,3 +151,20 @@ def decode_tensor(data: bytes | memoryview, shape: tuple[int, ...] | None = None
     if shape is not None and found != shape:
         raise FormatError(f"shape {list(found)}, expected {list(shape)}")
     return np.frombuffer(data, dtype="<u2", offset=offset).reshape(found)
+
+
+def split_size(root: Path, split: Split) -> int | None:
+    """Samples in a split, from Energon's metadata (ENERGON_INFO); None where that is missing or not what
+    Energon writes (read with bounds: the folder may come from anywhere)."""
+    from flux_cluster.outside import OutsideFileError, read_json_object, whole_number
+
+    try:
+        counts = read_json_object(root / ENERGON_INFO).get("shard_counts")
+    except OutsideFileError:
+        return None
+    if not isinstance(counts, dict):
+        return None
+    sizes = [whole_number(n) for name, n in counts.items() if name.startswith(f"{split}/")]
+    if None in sizes:
+        return None
+    return sum(n for n in sizes if n is not None) or None

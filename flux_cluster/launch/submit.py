@@ -18,6 +18,8 @@ from flux_cluster.errors import FluxClusterError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from flux_cluster.config.batch_fit import BatchFit
+    from flux_cluster.config.loader import ResolvedSystem
     from flux_cluster.config.schema import SystemConfig
     from flux_cluster.launch.plan import JobPlan
     from flux_cluster.rundir import RunRecord
@@ -112,7 +114,8 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
         overrides.append((f"mlperf.seed_base={request.seed}", "--seed"))
     if request.job == "throughput":  # one measurement per run: repeats are a sweep's business
         overrides.append(("mlperf.nexp=1", "--job throughput"))
-    config = load_system(request.system, overrides).config
+    resolved = load_system(request.system, overrides)
+    config = resolved.config
     seed_base = config.mlperf.seed_base
     if seed_base is None:  # drawn once and recorded in the run's config, so the run is reproducible
         seed_base = secrets.randbelow(2**31 - config.mlperf.nexp)
@@ -133,7 +136,7 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
     root = runs_root(request.runs_dir, config).absolute()
     if config.launcher == "slurm":
         check_slurm_path(root)
-    training = None
+    training, batch_fit = None, None
     job_args = request.job_args
     if request.synthetic:
         if request.job != "throughput":
@@ -156,7 +159,10 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
             config = _with_training_data(
                 config, make=not request.dry_run, console=console, data=not request.synthetic
             )
-        resolved_plan = resolve_training(config).model_copy(update={"micro_batch_auto": micro_batch_auto})
+            config, batch_fit = _fit_to_split(config, resolved, console)
+        resolved_plan = resolve_training(config).model_copy(
+            update={"micro_batch_auto": micro_batch_auto, "batch_fit": batch_fit}
+        )
         training = resolved_plan.model_dump(mode="json")
 
     run_dir = create_run_dir(root, experiment, request.run_name or config.name)
@@ -319,6 +325,32 @@ def _with_training_data(
         ensure_synthetic_root(spec, root, console, explicit=bool(data_root))
     paths = config.paths.model_copy(update={"data_root": str(root)})
     return config.model_copy(update={"paths": paths})
+
+
+def _fit_to_split(
+    config: "SystemConfig", resolved: "ResolvedSystem", console: "Console"
+) -> "tuple[SystemConfig, BatchFit | None]":
+    """A fine-tuning run whose train split holds less than one global batch: the largest batch it holds
+    where the batch is a default, one line naming values that work where the user chose it
+    (config/batch_fit.py). A split this host cannot read (a cluster's path) is checked at the job's start."""
+    from flux_cluster.config.batch_fit import BATCH_KEYS, fit_batch
+    from flux_cluster.config.workload import load_workload, resolve_training
+    from flux_cluster.data.format import split_size
+
+    data_root = config.paths.data_root
+    if not data_root or load_workload(config.train.benchmark)[0].kind != "finetune":
+        return config, None
+    samples = split_size(Path(data_root), "train")
+    if samples is None:
+        return config, None
+    plan = resolve_training(config)
+    chosen = next((source for key in BATCH_KEYS if (source := resolved.chosen_for_run(key))), None)
+    fit = fit_batch(samples, plan.world_size, plan.global_batch_size, plan.train.micro_batch_size, chosen)
+    if fit is None:
+        return config, None
+    console.print(fit.describe(), markup=False, highlight=False, soft_wrap=True)
+    batch = {"global_batch_size": fit.global_batch, "micro_batch_size": fit.micro_batch}
+    return config.model_copy(update={"train": config.train.model_copy(update=batch)}), fit
 
 
 def _with_hf_paths(config: "SystemConfig") -> "SystemConfig":

@@ -1,17 +1,20 @@
-"""The report as a terminal table, JSON, CSV or Markdown. One list of columns serves all of them."""
+"""The report as terminal tables, JSON, CSV or Markdown: the columns of each table (report/columns.py says
+how a terminal shows them)."""
 
-import csv
 import html
-import io
 import json
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flux_cluster.atomic import finite_for_json
-from flux_cluster.console import print_table
+from flux_cluster.report.columns import (
+    Column,
+    format_metric,
+    format_ratio,
+    print_comparison,
+    terminal_table,
+)
 from flux_cluster.report.evaluation import EVALUATIONS_ONLY, EvalResult, Latency
 from flux_cluster.report.harvest import RunResult
 from flux_cluster.report.hf import (
@@ -29,28 +32,9 @@ from flux_cluster.report.hf import (
 from flux_cluster.report.ladder import LADDER_NOTE, LADDER_TITLE, LadderRow, ladder_document, ladder_rows
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.rundir import RESULTS_DIR
-from flux_cluster.safe_text import csv_cell, plain, printable
+from flux_cluster.safe_text import csv_text, plain, printable
 
 SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Column:
-    header: str
-    value: Callable[[Any], Any]
-    fmt: str = "{}"
-    terminal: bool = True
-    """Shown in the terminal table too (which must fit a screen); every format has the rest."""
-    wrap: bool = False
-    """Long text (a path): the HTML page may break it over lines."""
-    page: bool = True
-    """Shown in the HTML page's tables too (which must fit 1,400 px; its cards say the rest)."""
-
-    def text(self, row: Any) -> str:
-        value = self.value(row)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "-"
-        return self.fmt.format(value)
 
 
 def _name(group: GroupResult) -> str:
@@ -112,19 +96,27 @@ GROUP_COLUMNS = [
         "minutes range",
         lambda g: (g.min_minutes, g.max_minutes) if g.min_minutes is not None else None,
         "{0[0]:.2f}..{0[1]:.2f}",
+        terminal=False,
     ),
     Column("samples to converge", lambda g: g.samples_to_converge, "{:,.0f}"),
-    Column("samples/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
+    Column("samples/s", lambda g: g.throughput_samples_per_s, "{:,.1f}", terminal=False),
     Column("samples/s/acc", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
     Column("MFU", lambda g: g.mfu, "{:.1%}"),
     Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}"),
     Column("USD per run", lambda g: g.cost_usd, "{:,.2f}"),
-    Column("basis", lambda g: g.minutes_basis),  # per run at the olympic or the mean measured time
+    # per run at the olympic or the mean measured time
+    Column("basis", lambda g: g.minutes_basis, terminal=False),
     Column("GPU-hours all runs", lambda g: g.total_gpu_hours, "{:,.2f}", terminal=False, page=False),
-    Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}", page=False),  # the page's cards say it
+    # the page's cards say it
+    Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}", terminal=False, page=False),
     Column("mode", lambda g: g.train_mode, terminal=False, page=False),
     Column("ruleset", lambda g: g.ruleset, terminal=False, page=False),  # the titles and cards say it
 ]
+GROUP_PRIORITY = (
+    "system", "olympic minutes", "USD per run", "samples/s/acc", "runs scored", "accelerators",
+    "samples to converge", "MFU", "GPU-hours per run",
+)  # fmt: skip
+"""The terminal's summary columns, the most important first: a narrow window drops them from the last."""
 
 
 def run_name(group: GroupResult) -> str:
@@ -154,25 +146,29 @@ FINE_TUNING_COLUMNS = [
     Column("mode", lambda g: EVALUATIONS_ONLY_MODE if evaluations_only(g) else g.train_mode),
     Column("accelerators", lambda g: g.accelerators),
     Column("GPU", lambda g: g.accelerator_model, terminal=False, page=False),
-    Column("runs", lambda g: None if evaluations_only(g) else g.run_count),
+    Column("runs", lambda g: None if evaluations_only(g) else g.run_count, terminal=False),
     Column("minutes", lambda g: g.mean_minutes, "{:.2f}"),
     Column("images/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
-    Column("images/s/GPU", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
-    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}"),
+    Column("images/s/GPU", lambda g: g.throughput_per_accelerator, "{:,.2f}", terminal=False),
+    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}", terminal=False),
     Column("best val loss", lambda g: g.best_eval_loss, "{:.4f}"),
-    Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}"),
+    Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}", terminal=False),
     Column("peak GB", lambda g: g.peak_memory_gb, "{:,.1f}", terminal=False, page=False),
-    Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}"),
+    Column("GPU-hours per run", lambda g: g.gpu_hours, "{:,.2f}", terminal=False),
     Column("USD per run", lambda g: g.cost_usd, "{:,.2f}"),
-    Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}"),
-    Column("basis", lambda g: g.minutes_basis),
+    Column("USD all runs", lambda g: g.total_cost_usd, "{:,.2f}", terminal=False),
+    Column("basis", lambda g: g.minutes_basis, terminal=False),
     # flux-cluster evaluate's figures (issue 15): inference speed and quality beside training and cost
     Column("p50 s", lambda g: _evaluated(g, g.inference_p50_s), "{}"),
-    Column("p99 s", lambda g: _evaluated(g, g.inference_p99_s), "{}"),
-    Column("USD per 1k images", lambda g: _evaluated(g, g.inference_usd_per_1k_images), "{}"),
-    Column("CLIP base", lambda g: _evaluated(g, g.clip_score_base), "{}"),
+    Column("p99 s", lambda g: _evaluated(g, g.inference_p99_s), "{}", terminal=False),
+    Column("USD per 1k images", lambda g: _evaluated(g, g.inference_usd_per_1k_images), "{}", terminal=False),
+    Column("CLIP base", lambda g: _evaluated(g, g.clip_score_base), "{}", terminal=False),
     Column("CLIP tuned", lambda g: _evaluated(g, g.clip_score_tuned), "{}"),
 ]
+FINE_TUNING_PRIORITY = (
+    "system", "run", "USD per run", "images/s", "best val loss", "minutes", "mode", "accelerators", "p50 s",
+    "CLIP tuned",
+)  # fmt: skip
 
 
 def _evaluated(group: GroupResult, value: float | None) -> str | None:
@@ -205,18 +201,18 @@ EVAL_COLUMNS = [
     Column("eval", lambda e: e.name),
     Column("meaningful", _meaningful, wrap=True),
     Column("system", lambda e: e.system, terminal=False, page=False),  # the page's heading names it
-    Column("device", lambda e: e.device, wrap=True),
+    Column("device", lambda e: e.device, terminal=False, wrap=True),
     Column("model", lambda e: e.model, terminal=False, wrap=True),
-    Column("weights", lambda e: e.weights_kind),
+    Column("weights", lambda e: e.weights_kind, terminal=False),
     Column("base", lambda e: e.base_precision),
-    Column("steps", lambda e: e.settings.get("steps")),
+    Column("steps", lambda e: e.settings.get("steps"), terminal=False),
     Column("resolution", lambda e: e.settings.get("resolution"), terminal=False),
     Column("p50 s base", _latency("base", "p50_s"), "{:.4g}"),
     Column("p50 s tuned", _latency("tuned", "p50_s"), "{:.4g}"),
     Column("p90 s base", _latency("base", "p90_s"), "{:.4g}", terminal=False),
     Column("p90 s tuned", _latency("tuned", "p90_s"), "{:.4g}", terminal=False),
-    Column("p99 s base", _latency("base", "p99_s"), "{:.4g}"),
-    Column("p99 s tuned", _latency("tuned", "p99_s"), "{:.4g}"),
+    Column("p99 s base", _latency("base", "p99_s"), "{:.4g}", terminal=False),
+    Column("p99 s tuned", _latency("tuned", "p99_s"), "{:.4g}", terminal=False),
     Column("images/s base", _latency("base", "images_per_s"), "{:.4g}", terminal=False),
     Column("images/s tuned", _latency("tuned", "images_per_s"), "{:.4g}", terminal=False),
     Column("peak GB base", _latency("base", "peak_memory_gb"), "{:,.1f}", terminal=False),
@@ -226,6 +222,10 @@ EVAL_COLUMNS = [
     Column("val loss base", lambda e: e.val_loss_base, "{:.4f}"),
     Column("val loss tuned", lambda e: e.val_loss_tuned, "{:.4f}"),
 ]
+EVAL_PRIORITY = (
+    "eval", "p50 s tuned", "CLIP tuned", "meaningful", "p50 s base", "CLIP base", "val loss tuned",
+    "val loss base", "base",
+)  # fmt: skip
 
 
 def _tuned(name: str) -> Callable[[Any], Any]:
@@ -236,30 +236,41 @@ FINE_TUNING_RUN_COLUMNS = [
     Column("run", lambda r: Path(r.file).name),
     Column("status", lambda r: r.status),
     Column("minutes", lambda r: r.minutes, "{:.2f}"),
-    Column("evals", lambda r: len(r.fine_tuning.curve) if r.fine_tuning else r.evals),
+    Column("evals", lambda r: len(r.fine_tuning.curve) if r.fine_tuning else r.evals, terminal=False),
     Column("best val loss", _tuned("best_eval_loss"), "{:.4f}"),
-    Column("best step", _tuned("best_step"), "{:,}"),
+    Column("best step", _tuned("best_step"), "{:,}", terminal=False),
     Column("final val loss", _tuned("final_eval_loss"), "{:.4f}"),
     Column("epochs", _tuned("epochs"), "{:g}"),
-    Column("steps", _tuned("steps"), "{:,}"),
+    Column("steps", _tuned("steps"), "{:,}", terminal=False),
     Column("images/s", lambda r: r.throughput_samples_per_s, "{:,.1f}"),
     Column("step ms", _tuned("step_time_ms"), "{:,.0f}"),
     Column("peak GB", _tuned("peak_memory_gb"), "{:,.1f}"),
-    Column("optimizer", _tuned("optimizer")),
-    Column("summary", lambda r: None if r.fine_tuning is None else "yes" if r.fine_tuning.summary else "no"),
-    Column("best weights", _tuned("best_weights"), wrap=True),
+    Column("optimizer", _tuned("optimizer"), terminal=False),
+    Column(
+        "summary",
+        lambda r: None if r.fine_tuning is None else "yes" if r.fine_tuning.summary else "no",
+        terminal=False,
+    ),
+    Column("best weights", _tuned("best_weights"), terminal=False, wrap=True),
 ]
+FINE_TUNING_RUN_PRIORITY = (
+    "run", "status", "best val loss", "minutes", "images/s", "final val loss", "peak GB", "step ms", "epochs",
+)  # fmt: skip
 
 
 HF_COLUMNS = [Column(*spec) for spec in HF_COLUMN_SPECS]
 """The hf runs' table (report.hf.HF_COLUMN_SPECS)."""
+HF_PRIORITY = (
+    "run", "samples/s", "est. USD", "MFU", "parallel", "precision", "mode", "GPUs", "peak GB", "est. total",
+    "step ms", "tokens/s", "mbs", "TFLOP/s/GPU", "est. GPU-h", "epoch", "FLOPs/step", "model",
+)  # fmt: skip
 
 
 LADDER_COLUMNS = [
     Column("precision", lambda r: r.precision),
     Column("run", lambda r: run_name(r.group), wrap=True),
     Column("train GB", lambda r: r.train_memory_gb, "{:,.2f}"),
-    Column("params GB", lambda r: r.parameter_gb, "{:,.3g}"),
+    Column("params GB", lambda r: r.parameter_gb, "{:,.3g}", terminal=False),
     Column("inference GB", lambda r: r.inference_memory_gb, "{:,.2f}"),
     Column("images/s", lambda r: r.images_per_s, "{:,.1f}"),
     Column("final val loss", lambda r: r.final_eval_loss, "{:.4f}"),
@@ -268,6 +279,9 @@ LADDER_COLUMNS = [
 ]
 """The precision ladder (report/ladder.py): seed 004's precision | train VRAM | inference VRAM | speed |
 quality."""
+LADDER_PRIORITY = (
+    "precision", "run", "train GB", "inference GB", "images/s", "final val loss", "CLIP score", "meaningful",
+)  # fmt: skip
 
 
 def ladder_markdown(groups: list[GroupResult]) -> list[str]:
@@ -298,12 +312,15 @@ RUN_COLUMNS = [
     Column("GBS", lambda r: r.global_batch_size, terminal=False),
     Column("LR", lambda r: r.learning_rate, "{:g}", terminal=False),
     Column("warmup", lambda r: r.warmup_steps, terminal=False),
-    Column("evals", lambda r: r.evals),
-    Column("eval minutes", lambda r: r.eval_minutes, "{:.2f}"),
+    Column("evals", lambda r: r.evals, terminal=False),
+    Column("eval minutes", lambda r: r.eval_minutes, "{:.2f}", terminal=False),
     Column("samples/s", lambda r: r.throughput_samples_per_s, "{:,.1f}", terminal=False),
     Column("samples/s/acc", lambda r: r.throughput_per_accelerator, "{:,.2f}"),
     Column("compliance", lambda r: r.compliance),
 ]
+RUN_PRIORITY = (
+    "run", "minutes", "status", "scored", "compliance", "samples to converge", "final eval", "samples/s/acc",
+)  # fmt: skip
 
 
 def to_document(groups: list[GroupResult], comparison: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -338,13 +355,11 @@ CSV_FIELDS = [
 def render_csv(groups: list[GroupResult]) -> str:
     """One row per group, the JSON names as headers (full precision, for spreadsheets and scripts)."""
     hf = bool(hf_rows(groups))  # the hf columns only where there are hf runs: other reports keep theirs
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS + (HF_CSV_FIELDS if hf else []), lineterminator="\n")
-    writer.writeheader()
-    for group in groups:
-        row = {name: getattr(group, name) for name in CSV_FIELDS} | (hf_group_values(group) if hf else {})
-        writer.writerow({name: csv_cell(value) for name, value in row.items()})
-    return out.getvalue()
+    rows = [
+        {name: getattr(group, name) for name in CSV_FIELDS} | (hf_group_values(group) if hf else {})
+        for group in groups
+    ]
+    return csv_text(rows, CSV_FIELDS + (HF_CSV_FIELDS if hf else []))
 
 
 # Markdown renders inline HTML, links and emphasis; these characters become entities so a cell or line
@@ -406,30 +421,15 @@ def _batch_line(group: GroupResult) -> str:
     )
 
 
-NAME_WIDTH = 20
-NAME_COLUMNS = ("system", "run")
-"""A terminal table's name columns keep up to NAME_WIDTH characters however narrow the window: several
-runs on one system must not read as the same row."""
+def _unscored(row: Any) -> bool:
+    return isinstance(row, RunResult) and not row.scored and row.fine_tuning is None
 
 
-def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None:
-    from rich.table import Table
+def print_tables(groups: list[GroupResult], console: Any, checked: bool, wide: bool = False) -> None:
     from rich.text import Text
 
-    def table(title: Any, columns: list[Column], rows: list[Any], left: tuple[str, ...]) -> Table:
-        shown = [c for c in columns if c.terminal]
-        out = Table(title=title, title_justify="left")
-        for column in shown:
-            named = column.header in NAME_COLUMNS  # a row's name: kept legible in a narrow window
-            width = (
-                min(NAME_WIDTH, max((len(column.text(row)) for row in rows), default=0)) if named else None
-            )
-            justify = "left" if column.header in left else "right"
-            out.add_column(column.header, justify=justify, min_width=width)
-        for row in rows:
-            dim = isinstance(row, RunResult) and not row.scored and row.fine_tuning is None
-            out.add_row(*(plain(c.text(row)) for c in shown), style="dim" if dim else None)
-        return out
+    def table(title: Any, columns: list[Column], rows: list[Any], left: tuple[str, ...], rank: tuple) -> None:
+        terminal_table(console, title, columns, rows, left=left, priority=rank, wide=wide, dim=_unscored)
 
     for group in groups:
         title = f"{_name(group)} ({group.benchmark or '?'}): {group.path}"
@@ -438,29 +438,25 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
                 _batch_line(group) if group.fine_tuning else f"{ruleset_text(group)}; {_batch_line(group)}"
             )
             heading = Text.assemble(plain(title), "\n", facts)
-            print_table(
-                console, table(heading, run_columns(group), group.runs, ("run", "status", "best weights"))
-            )
+            rank = FINE_TUNING_RUN_PRIORITY if group.fine_tuning else RUN_PRIORITY
+            table(heading, run_columns(group), group.runs, ("run", "status", "best weights"), rank)
         if group.evals:
             title = Text.assemble(
                 f"{EVAL_TITLE}: ", plain(title if evaluations_only(group) else _name(group))
             )
-            print_table(
-                console, table(title, EVAL_COLUMNS, group.evals, ("eval", "meaningful", "device", "weights"))
+            table(
+                title, EVAL_COLUMNS, group.evals, ("eval", "meaningful", "device", "weights"), EVAL_PRIORITY
             )
         for warning in all_warnings(group):
             console.print(Text.assemble(("warning:", "yellow"), " ", plain(warning)), soft_wrap=True)
     mlperf, tuned = mlperf_groups(groups), by_cost(groups)
     if tuned:
-        print_table(
-            console, table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, ("system", "run", "mode", "basis"))
-        )
+        left = ("system", "run", "mode", "basis")
+        table(FINE_TUNING_TITLE, FINE_TUNING_COLUMNS, tuned, left, FINE_TUNING_PRIORITY)
         console.print(FINE_TUNING_NOTE + ".", soft_wrap=True)
     rows = hf_rows(groups)
     if rows:
-        print_table(
-            console, table(HF_TITLE, HF_COLUMNS, rows, ("run", "model", "parallel", "precision", "mode"))
-        )
+        table(HF_TITLE, HF_COLUMNS, rows, ("run", "model", "parallel", "precision", "mode"), HF_PRIORITY)
         console.print(HF_NOTE + ".", soft_wrap=True)
         pairs = comparisons(rows)
         if pairs:
@@ -468,13 +464,13 @@ def print_tables(groups: list[GroupResult], console: Any, checked: bool) -> None
             print_comparison({"pairs": pairs, "unmatched": []}, console)
     ladder = ladder_rows(groups)
     if ladder:
-        print_table(console, table(LADDER_TITLE, LADDER_COLUMNS, ladder, ("precision", "run", "meaningful")))
+        table(LADDER_TITLE, LADDER_COLUMNS, ladder, ("precision", "run", "meaningful"), LADDER_PRIORITY)
         console.print(LADDER_NOTE + ".", soft_wrap=True)
     if mlperf or not tuned:
         rules = "as MLPerf's result_summarizer" if checked else "summarizer rules; compliance not checked"
         rulesets = ", ".join(dict.fromkeys(ruleset_text(g) for g in mlperf)) or "no ruleset"
         title = f"flux-cluster report (olympic scores {rules}; {rulesets})"
-        print_table(console, table(title, GROUP_COLUMNS, mlperf, ("system", "basis")))
+        table(title, GROUP_COLUMNS, mlperf, ("system", "basis"), GROUP_PRIORITY)
 
 
 def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
@@ -488,7 +484,7 @@ def comparison_markdown(comparison: dict[str, Any]) -> list[str]:
             "|---|---|---|---|",
         ]
         for m in pair["metrics"]:
-            cells = (m["name"], format_number(m["a"]), format_number(m["b"]), format_ratio(m["ratio"]))
+            cells = (m["name"], format_metric(m, "a"), format_metric(m, "b"), format_ratio(m["ratio"]))
             lines.append("| " + " | ".join(cells) + " |")
     lines += [f"- unmatched: {_md(u)}" for u in comparison["unmatched"]]
     return lines
@@ -505,38 +501,3 @@ def hf_markdown(groups: list[GroupResult]) -> list[str]:
         lines += ["", f"## {HF_COMPARISON_TITLE}", "", HF_COMPARISON_NOTE + "."]
         lines += comparison_markdown({"a": "", "b": "", "pairs": pairs, "unmatched": []})[1:]
     return lines
-
-
-def format_number(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and value.is_integer() and abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if isinstance(value, float):
-        return f"{value:,.4f}" if abs(value) < 1 else f"{value:,.2f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def format_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}x"
-
-
-def print_comparison(comparison: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    for pair in comparison["pairs"]:
-        a, b = (plain(f"{pair[f'{x}_name']} {pair[f'{x}_path']}") for x in "ab")
-        table = Table(title=Text.assemble("A: ", a, "\nB: ", b), title_justify="left")
-        for header in ("metric", "A", "B", "B/A"):
-            table.add_column(header, justify="left" if header == "metric" else "right")
-        for metric in pair["metrics"]:
-            table.add_row(
-                metric["name"],
-                format_number(metric["a"]),
-                format_number(metric["b"]),
-                format_ratio(metric["ratio"]),
-            )
-        print_table(console, table)
-    for unmatched in comparison["unmatched"]:
-        console.print(Text.assemble(("unmatched:", "yellow"), " ", plain(unmatched)))

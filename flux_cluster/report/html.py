@@ -7,16 +7,21 @@ its sample grid (a PNG inlined as a data: URI), the plots and every run. It fits
 1,400 px window without sideways scrolling.
 """
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.report import formats, plots
+from flux_cluster.report.columns import format_metric, format_ratio
 from flux_cluster.report.hf import comparisons, hf_rows
 from flux_cluster.report.ladder import ladder_rows
 from flux_cluster.report.scoring import GroupResult
+from flux_cluster.safe_text import CONTROL, printable
 
 if TYPE_CHECKING:
     import jinja2
+
+_CONTROL_BUT_SPACE = re.compile(f"(?![\\t\\n\\r]){CONTROL.pattern}")
 
 
 @dataclass(frozen=True)
@@ -170,8 +175,22 @@ def template(name: str) -> "jinja2.Template":
         loader=jinja2.PackageLoader("flux_cluster.report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
+        finalize=_shown,
     )
     return environment.get_template(name)
+
+
+def _shown(value: Any) -> Any:
+    """Every value a page shows, before it is escaped: control characters (ESC, BEL, bidi) from names and
+    captions spelled out (\\x1b) as the terminal and Markdown show them; markup made safe (the plots' SVG,
+    a joined list) keeps its line breaks and tabs."""
+    from markupsafe import Markup
+
+    if isinstance(value, Markup):
+        return Markup(_CONTROL_BUT_SPACE.sub(lambda m: printable(m.group()), value))
+    if value is None or isinstance(value, int | float):
+        return value
+    return printable(str(value))
 
 
 def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, Any] | None = None) -> str:
@@ -212,6 +231,6 @@ def render_html(groups: list[GroupResult], checked: bool, comparison: dict[str, 
         plots=plots.all_plots(groups),
         group_columns=[c for c in formats.GROUP_COLUMNS if c.page],
         warnings=formats.all_warnings,
-        number=formats.format_number,
-        ratio=formats.format_ratio,
+        metric=format_metric,
+        ratio=format_ratio,
     )

@@ -24,21 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.report.formats import (
-    HF_COMPARISON_TITLE,
-    Column,
-    comparison_markdown,
-    format_number,
-    format_ratio,
-    print_comparison,
-)
+from flux_cluster.report.columns import Column, format_metric, format_ratio, print_comparison, terminal_table
+from flux_cluster.report.formats import HF_COMPARISON_TITLE, comparison_markdown
 from flux_cluster.report.hf import COMPARED_KEYS, compared_metrics, one_change_pairs, shown
 from flux_cluster.sweepdir import (
+    SUMMARY_FLOAT,
     SWEEP_FILE,
     Point,
     SweepState,
     summary_columns,
-    summary_csv,
     summary_rows,
 )
 
@@ -144,6 +138,10 @@ def _value(key: str) -> Callable[[dict[str, Any]], Any]:
     return lambda row: row.get(key)
 
 
+SWEEP_PRIORITY = ("samples/s", "samples/s/GPU", "MFU", "USD/M samples", "peak mem GB", "step p50 ms", "GPU-h")
+"""After the point, its grid values and status: the terminal's columns, the most important first."""
+
+
 def table_columns(report: SweepReport) -> list[Column]:
     """The columns of the tables; terminal=False ones only in Markdown and HTML (the terminal is narrow)."""
     keys = [key for key in report.grid if key != NODES]
@@ -224,22 +222,25 @@ def _reasons(report: SweepReport) -> list[str]:
     return [f"point {r['point']}: {r['status']}: {r['error']}" for r in report.rows if r.get("error")]
 
 
-def print_sweep(report: SweepReport, console: "Console") -> None:
-    """The points and the best per node count as rich tables, then each failure's reason."""
-    from rich.table import Table
-
-    from flux_cluster.console import print_table
+def print_sweep(report: SweepReport, console: "Console", wide: bool = False) -> None:
+    """The points and the best per node count as tables (report.columns.terminal_table: compact, fitted to
+    the window, or --wide), then each failure's reason."""
     from flux_cluster.safe_text import plain
 
-    columns = [c for c in table_columns(report) if c.terminal]
+    columns = table_columns(report)
+    headers = [c.header for c in columns]
+    priority = [*headers[: headers.index("status") + 1], *SWEEP_PRIORITY]  # point, grid values, status first
     for title, rows in ((f"{_title(report)}: points, fastest first", report.rows), (BEST_TITLE, report.best)):
-        table = Table(title=plain(title), title_justify="left")
-        for column in columns:
-            table.add_column(column.header, justify="left" if column.header == "status" else "right")
-        for row in rows:
-            style = None if row["status"] == "ok" else "dim"
-            table.add_row(*(plain(c.text(row)) for c in columns), style=style)
-        print_table(console, table)
+        terminal_table(
+            console,
+            plain(title),
+            columns,
+            rows,
+            left=("status",),
+            priority=priority,
+            wide=wide,
+            dim=lambda row: row["status"] != "ok",
+        )
     if not report.best:
         console.print("no point ran to the end (status ok): no best point", highlight=False)
     for line in _reasons(report):
@@ -264,26 +265,20 @@ def sweep_document(reports: list[SweepReport]) -> dict[str, Any]:
 
 
 def render_csv(reports: list[SweepReport]) -> str:
-    """One sweep: runs_summary.csv's columns and cells, its rows in the report's order. Several: a
-    leading 'sweep' column (the sweep's name) and every sweep's columns. Every cell as csv_cell has it:
-    no control character reaches a terminal, no formula a spreadsheet."""
-    import csv
-    import io
-
-    from flux_cluster.safe_text import csv_cell
+    """One sweep: runs_summary.csv's columns and cells. Several: a leading 'sweep' column (the sweep's
+    name) and every sweep's columns. Written as every CSV of flux-cluster is (safe_text.csv_text)."""
+    from flux_cluster.safe_text import csv_text
 
     several = len(reports) > 1
     columns = ["sweep"] if several else []
     for report in reports:
         columns += [c for c in report.columns if c not in columns]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for report in reports:
-        for row in csv.DictReader(io.StringIO(summary_csv(report.state))):
-            cells = {key: csv_cell(value) for key, value in row.items()}
-            writer.writerow({"sweep": csv_cell(report.name), **cells} if several else cells)
-    return out.getvalue()
+    rows = [
+        {"sweep": report.name, **row} if several else row
+        for report in reports
+        for row in summary_rows(report.state)
+    ]
+    return csv_text(rows, columns, float_format=SUMMARY_FLOAT)
 
 
 def render_markdown(reports: list[SweepReport]) -> str:
@@ -413,6 +408,6 @@ def render_html(reports: list[SweepReport]) -> str:
         version=__version__,
         comparison_title=HF_COMPARISON_TITLE,
         comparison_note=COMPARISON_NOTE,
-        number=format_number,
+        metric=format_metric,
         ratio=format_ratio,
     )

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flux_cluster import rundir
+from flux_cluster.config.batch_fit import fit_batch
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.config.workload import TrainingPlan
+from flux_cluster.errors import FluxClusterError
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,10 @@ class Schedule:
             return cls(cfg.eval_every_steps, None, math.ceil(cfg.max_samples / gbs), cfg.target)
         if not train_samples:
             raise SystemExit("error: the dataset has no train samples (.nv-meta/.info.json); encode it again")
-        if train_samples < gbs:
-            raise SystemExit(
-                f"error: the train split has {train_samples} samples, fewer than one global batch ({gbs}): "
-                f"set train.global_batch_size to at most {train_samples} (a multiple of micro-batch x ranks, "
-                f"{cfg.micro_batch_size * plan.world_size})"
-            )
+        try:  # submit fitted the batch where it could read the split (not a cluster-only path)
+            fit_batch(train_samples, plan.world_size, gbs, cfg.micro_batch_size, chosen="the run's config")
+        except FluxClusterError as exc:
+            raise SystemExit(f"error: {exc}") from None
         per_epoch = train_samples // gbs
         return cls(cfg.eval_every_steps, per_epoch, per_epoch * plan.epochs, cfg.target)
 

@@ -1,7 +1,6 @@
 """Setting a run up: the model sharded with its optimizer and schedule (Trainer), this rank's loader and
 generator, the measured facts throughput is computed from, and the facts the MLPerf log's header states."""
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ import torch
 
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.config.workload import ModelArgs, TrainingPlan
+from flux_cluster.data.format import split_size
 from flux_cluster.data.loader import train_loader, val_loader
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.runtime.dist import DistInfo
@@ -215,15 +215,6 @@ def run_facts(ctx: JobContext, train_samples: int | None) -> RunFacts:
         optimizer=cfg.optimizer,
         benchmark="flux1" if mlperf is not None else cfg.benchmark,
     )
-
-
-def split_size(root: Path, split: str) -> int | None:
-    """Samples in a split, from Energon's metadata (.nv-meta/.info.json)."""
-    try:
-        counts = json.loads((root / ".nv-meta" / ".info.json").read_text())["shard_counts"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return sum(n for name, n in counts.items() if name.startswith(f"{split}/")) or None
 
 
 def token_counts(data_dir: Path, args: ModelArgs, model_name: str) -> tuple[int, int]:

@@ -177,7 +177,7 @@ STAND_INS: dict[str, tuple[str, str | None]] = {
     ),
     "flux-cluster submit --system local --set train.benchmark=finetune --set train.mode=lora --set "
     "train.pretrained_path=work/demo/kontext-tiny --set paths.data_root=work/demo/pairs-data --set "
-    "train.epochs=1 --set train.global_batch_size=2 --set train.micro_batch_size=1": (
+    "train.epochs=1": (
         "tests/integration/test_kontext.py trains and evaluates this example (40 s of CI): here checked, "
         "not run",
         DRY,

@@ -255,3 +255,114 @@ def test_the_checkpoint_modes_a_run_takes_are_one_public_check(monkeypatch: pyte
             monkeypatch.setattr(sys, "argv", ["train_throughput.py", *args])
             with pytest.raises(SystemExit):
                 parse_args()
+
+
+def _encoded(root: Path, train: int, val: int = 1) -> Path:
+    """An Energon root as far as submit reads it: its metadata's sample count per shard."""
+    counts = {"train/shard_000000.tar": train, "val/shard_000000.tar": val}
+    (root / ".nv-meta").mkdir(parents=True)
+    (root / ".nv-meta" / ".info.json").write_text(json.dumps({"shard_counts": counts}))
+    return root
+
+
+def _finetune(workdir: Path, train: int, *sets: str, system: str = "local") -> list[str]:
+    (workdir / "flux").mkdir(exist_ok=True)
+    data = _encoded(workdir / f"data{train}", train)
+    args = ["submit", "--system", system, "--dry-run", "--set", "train.benchmark=finetune"]
+    for item in (
+        "train.mode=lora",
+        f"train.pretrained_path={workdir / 'flux'}",
+        f"paths.data_root={data}",
+        *sets,
+    ):
+        args += ["--set", item]
+    return args
+
+
+def test_a_small_folder_fine_tunes_at_the_largest_batch_its_train_split_holds(
+    cli: CliRunner, workdir: Path
+) -> None:
+    # seed 004: 11 edit pairs are 10 train samples; local's batch (16 = 8 x 2 ranks) is its train section's
+    result = cli.invoke(app, _finetune(workdir, 10))
+    assert result.exit_code == 0, result.output
+    line = (
+        "batch: the train split holds 10 samples, fewer than the default global batch 16: this run takes "
+        "global batch 10 (micro-batch 5 x 2 ranks); set train.global_batch_size and train.micro_batch_size "
+        "to choose"
+    )
+    assert line in result.stderr.splitlines()
+    (run_dir,) = list_runs(workdir / "runs")
+    system, job = read_run_config(run_dir / "config.yaml")
+    plan = TrainingPlan.model_validate(job["training"])
+    assert (system.train.global_batch_size, system.train.micro_batch_size) == (10, 5)
+    assert (plan.global_batch_size, plan.train.micro_batch_size, plan.grad_accum_steps) == (10, 5, 1)
+    assert plan.batch_fit is not None and plan.batch_fit.describe() == line
+    assert (plan.batch_fit.configured_global, plan.batch_fit.train_samples) == (16, 10)
+    # a split that holds the default batch keeps it, without a line
+    result = cli.invoke(app, _finetune(workdir, 40))
+    assert result.exit_code == 0 and "batch:" not in result.stderr
+    plan = TrainingPlan.model_validate(
+        read_run_config(list_runs(workdir / "runs")[-1] / "config.yaml")[1]["training"]
+    )
+    assert plan.global_batch_size == 16 and plan.batch_fit is None
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (
+            ["train.global_batch_size=16"],
+            "fewer than one global batch (16 = micro-batch 8 x 2 ranks, from --set): set at most 10, e.g. "
+            "--set train.micro_batch_size=5 --set train.global_batch_size=10",
+        ),
+        (  # the user's micro-batch is kept where it fits
+            ["train.micro_batch_size=4"],
+            "fewer than one global batch (16 = micro-batch 4 x 2 ranks x 2 accumulation steps, from --set): "
+            "set at most 8, e.g. --set train.micro_batch_size=4 --set train.global_batch_size=8",
+        ),
+        (["benchmarks.finetune.global_batch_size=12", "train.micro_batch_size=6"], "(12 = micro-batch 6 x 2"),
+    ],
+)
+def test_a_batch_the_user_chose_that_the_split_cannot_hold_names_values_that_work(
+    cli: CliRunner, workdir: Path, sets: list[str], expected: str
+) -> None:
+    result = cli.invoke(app, _finetune(workdir, 10, *sets))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: train.global_batch_size: the train split has 10 samples")
+    assert expected in result.stderr and result.stderr.count("\n") == 1
+    assert not list_runs(workdir / "runs")
+
+
+def test_a_systems_finetune_section_is_the_users_choice_and_fewer_samples_than_ranks_is_one_line(
+    cli: CliRunner, workdir: Path
+) -> None:
+    site = workdir / "site.yaml"
+    site.write_text("extends: local\nbenchmarks:\n  finetune:\n    global_batch_size: 16\n")
+    result = cli.invoke(app, _finetune(workdir, 10, system=str(site)))
+    assert result.exit_code == 2 and f"from {site.name} (benchmarks.finetune)" in result.stderr, result.output
+    result = cli.invoke(app, _finetune(workdir, 3, "gpus_per_node=4", "train.micro_batch_size=4"))  # 4 ranks
+    assert (
+        result.exit_code == 2 and "fewer than the 4 ranks" in result.stderr and result.stderr.count("\n") == 1
+    )
+
+
+def test_flux1_keeps_its_batch_whatever_the_dataset(cli: CliRunner, workdir: Path) -> None:
+    data = _encoded(workdir / "data", 10)
+    result = cli.invoke(app, ["submit", "--system", "local", "--dry-run", "--set", f"paths.data_root={data}"])
+    assert result.exit_code == 0 and "batch:" not in result.stderr, result.output
+    plan = TrainingPlan.model_validate(
+        read_run_config(list_runs(workdir / "runs")[0] / "config.yaml")[1]["training"]
+    )
+    assert plan.global_batch_size == 16 and plan.batch_fit is None
+
+
+@pytest.mark.parametrize(
+    ("samples", "ranks", "micro", "expected"),
+    [(10, 2, 8, (10, 5)), (11, 2, 8, (10, 5)), (10, 2, 4, (8, 4)), (30, 8, 2, (16, 2)), (3, 4, 1, None)],
+)
+def test_largest_batch_keeps_the_micro_batch_where_one_per_rank_fits(
+    samples: int, ranks: int, micro: int, expected: tuple[int, int] | None
+) -> None:
+    from flux_cluster.config.batch_fit import largest_batch
+
+    assert largest_batch(samples, ranks, micro) == expected

@@ -104,6 +104,11 @@ def test_eval_results_are_read_into_every_format(two_systems: tuple[Path, Path])
     print_tables([ga, gb], Console(file=out, width=250), checked=False)
     assert "Evaluations: b" in out.getvalue() and "NO: tiny random-init" in out.getvalue()
     side_table = out.getvalue().split("Fine-tuning, side by side")[1]
+    assert "best val loss" in side_table and "CLIP tuned" in side_table and "31.5" in side_table
+    assert "final val loss" not in side_table and "CLIP base" not in side_table  # compact: --wide has them
+    out = io.StringIO()
+    print_tables([ga, gb], Console(file=out, width=250), checked=False, wide=True)
+    side_table = out.getvalue().split("Fine-tuning, side by side")[1]
     assert "final val loss" in side_table and "0.4700" in side_table  # a's runs end at 0.47
     assert "CLIP base" in side_table
 

@@ -154,8 +154,12 @@ def test_fine_tuning_groups_side_by_side_with_their_gpu_hours_cost_and_losses(
     out = io.StringIO()
     print_tables([a, b], Console(file=out, width=250), checked=True)
     terminal = out.getvalue()
-    assert "Fine-tuning, side by side" in terminal and "17.07" in terminal and "best_0" in terminal
+    assert "Fine-tuning, side by side" in terminal and "8.53" in terminal  # USD per run
+    assert "17.07" not in terminal and "best_0" not in terminal  # compact: all runs' USD, the weights
     assert "olympic scores" not in terminal  # no MLPerf group: no MLPerf table
+    out = io.StringIO()
+    print_tables([a, b], Console(file=out, width=250), checked=True, wide=True)
+    assert "17.07" in out.getvalue() and "best_0" in out.getvalue()
 
 
 def test_a_run_without_its_summary_line_is_still_reported(tmp_path: Path) -> None:
@@ -241,7 +245,7 @@ def test_mlperf_tables_show_mode_basis_and_all_runs_totals() -> None:
     assert csv_row["train_mode"] == "pretrain" and csv_row["minutes_basis"] == "olympic"
     assert csv_row["total_gpu_hours"] == "133.3333" and csv_row["total_cost_usd"] == "266.6667"
     out = io.StringIO()
-    print_tables([group], Console(file=out, width=250), checked=True)
+    print_tables([group], Console(file=out, width=250), checked=True, wide=True)
     assert "basis" in out.getvalue() and "266.67" in out.getvalue()
 
 
@@ -264,7 +268,7 @@ def test_one_throughput_in_every_format(tmp_path: Path) -> None:
     (row,) = csv.DictReader(io.StringIO(render_csv([group])))
     assert float(row["throughput_per_accelerator"]) == float(row["images_per_s_per_accelerator"]) == 12.5
     out = io.StringIO()
-    print_tables([group], Console(file=out, width=300), checked=False)
+    print_tables([group], Console(file=out, width=300), checked=False, wide=True)
     page = render_html([group], checked=False)
     html_text = re.sub(r"<svg.*?</svg>", "", page, flags=re.S)  # (plot coordinates hold any digits)
     for name, text in (("table", out.getvalue()), ("md", render_markdown([group])), ("html", html_text)):

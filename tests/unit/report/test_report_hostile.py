@@ -282,3 +282,91 @@ def test_a_check_past_its_deadline_is_that_runs_verdict(sample: Path, tmp_path: 
     assert run["compliance"] == "failed" and run["compliance_messages"] == [
         "compliance check timed out after 0.01 s"
     ]
+
+
+# Folder names (no '/'), a system name, an evaluation's model, device and caption: every medium gets them.
+RUN_NAME = '=HYPERLINK("x:evil")<script>alert(1)\x1b[2J\x07[bold]run'
+ORG_NAME = "@org<script>x\x1b]0;title\x07"
+CAPTION = "<img src=x onerror=alert(1)>\x1b[31m[link=http:evil]caption"
+
+
+@pytest.fixture
+def hostile_tree(sample: Path, tmp_path: Path) -> Path:
+    """A fine-tuning run folder and an MLPerf submission's org folder named to attack each medium, with
+    an evaluation whose model, device and caption (its NOT MEANINGFUL reason) are hostile too."""
+    from test_report_eval import write_eval
+    from test_report_finetune import fine_tuning_run
+
+    run = fine_tuning_run(tmp_path / "tree" / RUN_NAME)
+    write_eval(run, model="+cmd|' /C calc'!A0", device="-2+3", meaningful=False, meaningful_reason=CAPTION)
+    group = tmp_path / "tree" / ORG_NAME / "results" / "sys" / "flux1"
+    group.mkdir(parents=True)
+    for i in range(3):
+        (group / f"result_{i}.txt").write_bytes(_log(sample, i))
+    return tmp_path / "tree"
+
+
+def _terminal(tree: Path) -> str:
+    from flux_cluster.report.build import Options, build
+
+    out = io.StringIO()
+    console = Console(file=out, width=120, color_system=None, force_terminal=True)
+    print_tables(build([tree], Options(check=False)), console, checked=False)
+    return out.getvalue()
+
+
+def _csv_holds(text: str) -> list[str]:
+    (_header, *rows) = csv.reader(io.StringIO(text))
+    cells = [cell for row in rows for cell in row]
+    formulas = [c for c in cells if c[:1] in ("=", "+", "-", "@") and not re.fullmatch(r"-?[\d.]+", c)]
+    assert not formulas, formulas
+    return cells
+
+
+TEXT_MARKS = ["\\x1b[2J\\x07[bold]run", "\\x1b]0;title\\x07", "\\x1b[31m[link=http:evil]caption"]
+"""Each hostile text as a terminal and a page show it: control characters spelled out, markup as text."""
+HOSTILE_FORMATS: dict[str, tuple[list[str], list[str]]] = {
+    # format: (what its output holds, what it never holds besides a raw control character)
+    "terminal": (TEXT_MARKS, []),
+    "table": (TEXT_MARKS, []),  # redirected: the CLI's
+    "md": (
+        [
+            "&lt;script&gt;alert(1)&#92;x1b&#91;2J&#92;x07&#91;bold&#93;run",
+            "@org&lt;script&gt;x&#92;x1b&#93;0;title&#92;x07",
+            "NO: &lt;img src=x onerror=alert(1)&gt;&#92;x1b",
+        ],
+        ["<script", "<img"],
+    ),
+    "html": (
+        [
+            "&lt;script&gt;alert(1)\\x1b[2J\\x07[bold]run",
+            "@org&lt;script&gt;x\\x1b]0;title\\x07",
+            "&lt;img src=x onerror=alert(1)&gt;\\x1b[31m[link=http:evil]caption",
+        ],
+        ["<script", "<img src=x"],
+    ),
+    "csv": ([], ['"=HYPERLINK']),  # its cells: below
+    "json": (['"=HYPERLINK(\\"x:evil\\")<script>alert(1)\\u001b[2J\\u0007[bold]run"'], []),  # data, exactly
+}
+
+
+@pytest.mark.parametrize("fmt", HOSTILE_FORMATS)
+def test_hostile_names_and_captions_through_every_output_format(
+    hostile_tree: Path, cli: CliRunner, fmt: str
+) -> None:
+    if fmt == "terminal":
+        text = _terminal(hostile_tree)
+    else:
+        result = cli.invoke(app, ["report", str(hostile_tree), "--no-check", "--format", fmt])
+        assert result.exit_code == 0, result.output
+        text = result.stdout
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), repr(text)  # no ESC, BEL, ...
+    present, absent = HOSTILE_FORMATS[fmt]
+    assert [m for m in present if m not in text] == [] and [m for m in absent if m in text] == []
+    if fmt == "csv":
+        assert "'" + printable(RUN_NAME) in _csv_holds(text)  # the system column: the run folder's name
+    if fmt == "json":
+        groups = json.loads(text)["groups"]
+        assert {g["system"] for g in groups} == {RUN_NAME, "sys"} and any(
+            ORG_NAME in g["path"] for g in groups
+        )

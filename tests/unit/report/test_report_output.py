@@ -3,6 +3,7 @@ piped, every Table printed through print_table, CSV cells without control charac
 
 import ast
 import io
+import re
 import shutil
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_piped_tables_keep_every_value_whole(sample: Path, cli: CliRunner, tmp_p
 
     deep = fine_tuning_run(tmp_path / ("a-rather-long-folder-name-" * 6) / "lora-run")
     out = tmp_path / "f.txt"
-    assert cli.invoke(app, ["report", str(deep), "--no-check", "-o", str(out)]).exit_code == 0
+    assert cli.invoke(app, ["report", str(deep), "--no-check", "--wide", "-o", str(out)]).exit_code == 0
     text = out.read_text()
     assert "\u2026" not in text and any(
         str(deep / "results" / "best_0") in line for line in text.splitlines()
@@ -87,7 +88,7 @@ def test_every_module_that_builds_a_table_prints_it_with_print_table() -> None:
             name = first.func if isinstance(first, ast.Call) else first
             if getattr(name, "id", None) in tables:
                 bypasses.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
-    assert {"formats.py", "sweep.py", "verify.py", "preflight.py"} <= set(builders), builders
+    assert {"columns.py", "verify.py", "preflight.py"} <= set(builders), builders
     assert not bypasses, "print these with flux_cluster.console.print_table:\n" + "\n".join(bypasses)
 
 
@@ -139,3 +140,73 @@ def test_a_scaled_score_shows_its_factor_and_gpu_hours_are_measured(sample: Path
     assert "tyche_ngpu16_ngc25.09_nemo (Tyche (1x NVIDIA GB200 NVL72))" in row  # the summarizer's name too
     assert "x1.25 RCP" in render_markdown([group]) and "x1.25 RCP" in plots.time_to_train([group])
     assert "RCP scaling factor 1.25" in render_html([group], checked=False)
+
+
+def test_compare_shows_mfu_as_a_percent_as_every_other_output(sample: Path, tmp_path: Path) -> None:
+    from flux_cluster.report.compare import compare
+    from flux_cluster.report.formats import comparison_markdown, print_comparison
+
+    a, b = _unscored(mfu=0.3125), _unscored(path="/r/mi300/flux1", system="mi300", mfu=0.25)
+    comparison = compare(Path("/r"), [a], Path("/s"), [b])
+    out = io.StringIO()
+    print_comparison(comparison, Console(file=out, width=120))
+    (row,) = [line for line in out.getvalue().splitlines() if "MFU" in line]
+    assert "31.2%" in row and "25.0%" in row and "0.800x" in row and "0.3125" not in row, row
+    markdown = "\n".join(comparison_markdown(comparison))
+    assert "| MFU | 31.2% | 25.0% | 0.800x |" in markdown
+    page = render_html([a, b], checked=False, comparison=comparison)
+    assert "<td>31.2%</td><td>25.0%</td>" in page and "0.3125" not in page
+    assert comparison["pairs"][0]["metrics"][6] == {
+        "name": "MFU",
+        "key": "mfu",
+        "a": 0.3125,
+        "b": 0.25,
+        "ratio": 0.8,
+    }
+
+
+def _all_words(groups: list[GroupResult]) -> set[str]:
+    """Every word of every cell any table of these groups has (--wide)."""
+    from flux_cluster.report import formats
+
+    texts = {c.text(g) for c in formats.FINE_TUNING_COLUMNS + formats.GROUP_COLUMNS for g in groups}
+    for group in groups:
+        texts |= {c.text(r) for c in formats.run_columns(group) for r in group.runs}
+        texts |= {c.text(e) for c in formats.EVAL_COLUMNS for e in group.evals}
+    return {word for text in texts for word in text.split()}
+
+
+@pytest.mark.parametrize("width", [80, 120, 160])
+def test_terminal_tables_fit_the_window_and_never_cut_a_number(
+    sample: Path, tmp_path: Path, width: int
+) -> None:
+    """Issue 39: the fine-tuning table's 20 columns on 80-160 columns: its compact columns fitted to the
+    window; a number is never cut ('best val loss 1.53...', 'samples to converge 11,30...') nor broken."""
+    from test_report_eval import write_eval
+    from test_report_finetune import _summary
+
+    a = fine_tuning_run(
+        tmp_path / "aws_p5-20261128-lora", minutes=[30.0, 34.0],
+        summaries=[_summary(), _summary(best_eval_loss=1.53456)],
+    )  # fmt: skip
+    b = fine_tuning_run(tmp_path / "b", gpus=4, price=3.0, summaries=[_summary(images_per_s=150.0)])
+    write_eval(a)
+    groups = build([a, b, sample], Options(check=False))
+    out = io.StringIO()
+    print_tables(groups, Console(file=out, width=width, force_terminal=True, color_system=None), False)
+    text = out.getvalue()
+    rows = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+    assert "\u2026" not in text and max(len(line) for line in rows) <= width, text
+    words = _all_words(groups)
+    cells = [cell.strip() for line in rows if line[0] == "│" for cell in line.strip("│").split("│")]
+    number = re.compile(r"[-+]?[\d.,]*\d[\d.,]*[%*]?")
+    broken = [w for cell in cells for w in cell.split() if number.fullmatch(w) and w not in words]
+    assert not broken, text  # no part of a number: each is one whole value of its column
+    for figure in ("1.5346", "7,864,320", "160.71", "8.53", "0.9873", "31.5"):  # best loss, samples, ...
+        assert figure in cells, (figure, text)
+    side = text.split("Fine-tuning, side by side")[1].split("No olympic score")[0]
+    assert ("not shown at" in side) == (width == 80), side  # 80 leaves columns out, saying which
+    wide = io.StringIO()
+    print_tables(groups, Console(file=wide, width=width, force_terminal=True, color_system=None), False, True)
+    assert "final val loss" in wide.getvalue().split("Fine-tuning, side by side")[1]  # --wide: every column
+    assert "not shown at" not in wide.getvalue()

@@ -315,3 +315,36 @@ def test_csv_carries_no_control_characters(cli: CliRunner, tmp_path: Path) -> No
         assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, repr(text)
         assert "NCCL \\x1b[2J\\x07 timeout \\u202e=cmd" in text
     assert "\x1b" not in written and "NCCL \\x1b[2J\\x07 timeout \\u202e=cmd" in written
+
+
+def test_every_csv_keeps_negative_numbers_and_neutralises_text(cli: CliRunner, tmp_path: Path) -> None:
+    """runs_summary.csv and the report's CSV of it (one sweep and several): a negative figure or grid value
+    stays a number for a spreadsheet, text that starts a formula gets its quote, once."""
+    state = make_sweep(tmp_path / "neg", {"train.seed": ["-2", "=1+1"]}, {0: 10.0, 1: 20.0})
+    state.points[0].result["data_wait_ms"] = -0.25  # a clock step back: a number all the same
+    state.points[1].error = "@SUM(1)"
+    state.save(tmp_path / "neg")
+    make_sweep(tmp_path / "other", {MBS: ["4"]}, {0: 5.0})
+    texts = [(tmp_path / "neg" / SUMMARY_FILE).read_text(), report(cli, str(tmp_path / "neg"), "-f", "csv")]
+    texts.append(report(cli, str(tmp_path / "neg"), str(tmp_path / "other"), "-f", "csv"))
+    for text in texts:
+        rows = {r["point"]: r for r in csv.DictReader(io.StringIO(text)) if r.get("sweep", "neg") == "neg"}
+        assert (rows["0"]["train.seed"], rows["0"]["data_wait_ms"]) == ("-2", "-0.25"), text
+        assert (rows["1"]["train.seed"], rows["1"]["error"]) == ("'=1+1", "'@SUM(1)"), text
+
+
+def test_every_csv_is_written_through_the_one_writer() -> None:
+    """safe_text.csv_text neutralises every cell: no module writes CSV any other way."""
+    import ast
+
+    root = Path(__file__).resolve().parents[3]
+    writers = []
+    for path in sorted([*(root / "flux_cluster").rglob("*.py"), *(root / "benchmarks").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            from_csv = isinstance(node, ast.ImportFrom) and node.module == "csv"
+            called = isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "csv"
+            if (
+                from_csv or (called and node.attr in ("writer", "DictWriter"))
+            ) and path.name != "safe_text.py":
+                writers.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not writers, "write CSV with flux_cluster.safe_text.csv_text:\n" + "\n".join(writers)
