@@ -114,6 +114,7 @@ GROUP_COLUMNS = [
         "{0[0]:.2f}..{0[1]:.2f}",
     ),
     Column("samples to converge", lambda g: g.samples_to_converge, "{:,.0f}"),
+    Column("RCP", lambda g: g.rcp_verdict),  # what mlperf_logging's RCP checker says of the runs
     Column("samples/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
     Column("samples/s/acc", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
     Column("MFU", lambda g: g.mfu, "{:.1%}"),
@@ -331,7 +332,7 @@ CSV_FIELDS = [
     "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
     "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s",
     "inference_usd_per_1k_images", "clip_score_base", "clip_score_tuned", "val_loss_base", "val_loss_tuned",
-    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from",
+    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from", "rcp_verdict",
 ]  # fmt: skip
 
 
