@@ -212,7 +212,7 @@ def _emit_sweeps(reports: "list[SweepReport]", output_format: Format, output: Pa
             for report in reports:
                 sweep.print_sweep(report, console)
 
-        _print_tables(draw, output)
+        print_tables_to(draw, output)
         return
     render = {
         Format.json: sweep.render_json,
@@ -220,7 +220,7 @@ def _emit_sweeps(reports: "list[SweepReport]", output_format: Format, output: Pa
         Format.md: sweep.render_markdown,
         Format.html: sweep.render_html,
     }[output_format]
-    _write(render(reports), output)
+    write_text(render(reports), output)
 
 
 def _emit(
@@ -239,7 +239,7 @@ def _emit(
             if comparison is not None:
                 formats.print_comparison(comparison, console)
 
-        _print_tables(draw, output)
+        print_tables_to(draw, output)
         return
     if output_format is Format.json:
         text = formats.render_json(groups, comparison)
@@ -251,10 +251,10 @@ def _emit(
         from flux_cluster.report.html import render_html
 
         text = render_html(groups, checked, comparison)
-    _write(text, output)
+    write_text(text, output)
 
 
-def _print_tables(draw: Callable[["Console"], None], output: Path | None) -> None:
+def print_tables_to(draw: Callable[["Console"], None], output: Path | None) -> None:
     """The table format: drawn on the terminal, or as text to a pipe or the --output file (no wrapping)."""
     from rich.console import Console
 
@@ -264,10 +264,10 @@ def _print_tables(draw: Callable[["Console"], None], output: Path | None) -> Non
         console = Console(file=buffer if output else sys.stdout, width=200)
     draw(console)
     if output is not None:
-        _write(buffer.getvalue(), output)
+        write_text(buffer.getvalue(), output)
 
 
-def _write(text: str, output: Path | None) -> None:
+def write_text(text: str, output: Path | None) -> None:
     """To stdout, or atomically to the --output file."""
     # surrogateescape: a file name that is not UTF-8 comes out as its own bytes, not as an error
     data = text.encode("utf-8", "surrogateescape")

@@ -213,14 +213,7 @@ def score_group(
     if len({r.global_batch_size for r in runs if r.global_batch_size}) > 1:
         group.warnings.append("runs use different global batch sizes")
     group.samples_to_converge = olympic_samples(runs)
-    if not group.fine_tuning and has_rcps(group.ruleset, group.benchmark):
-        assert group.ruleset is not None and group.benchmark is not None
-        batch = _agreed(r.global_batch_size for r in runs)
-        converged = [
-            r.rcp_samples if r.rcp_samples is not None and math.isfinite(r.rcp_samples) else None
-            for r in runs
-        ]
-        group.rcp = verdict(group.ruleset, group.benchmark, batch, converged)
+    group.rcp = rcp_verdict(group)
 
     per_run = average if group.olympic_minutes is not None else None  # measured, not RCP-scaled
     if per_run is not None:
@@ -246,6 +239,19 @@ def score_group(
     if evals:
         eval_figures(group, evals)
     return group
+
+
+def rcp_verdict(group: GroupResult) -> dict[str, Any] | None:
+    """What the RCP checker says of the group's runs (None: fine-tuning, or no RCPs for the benchmark)."""
+    if group.fine_tuning or not has_rcps(group.ruleset, group.benchmark):
+        return None
+    assert group.ruleset is not None and group.benchmark is not None
+    batch = _agreed(r.global_batch_size for r in group.runs)
+    finite = [
+        r.rcp_samples if r.rcp_samples is not None and math.isfinite(r.rcp_samples) else None
+        for r in group.runs
+    ]
+    return verdict(group.ruleset, group.benchmark, batch, finite)
 
 
 def _mean(values: list[float | None]) -> float | None:
