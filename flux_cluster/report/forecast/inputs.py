@@ -39,6 +39,8 @@ class Measured:
     """The official score: the olympic minutes times the RCP factor the summarizer applies."""
     ruleset: str | None = None
     ruleset_from: str | None = None
+    hyperparameters: tuple[float | None, int | None] = (None, None)
+    """The runs' learning rate and warmup steps, where they agree."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -88,6 +90,7 @@ def _from_group(group: GroupResult) -> Measured:
         samples_to_converge=group.samples_to_converge,
         ruleset=group.ruleset,
         ruleset_from=group.ruleset_from,
+        hyperparameters=_agreed([(r.learning_rate, r.warmup_steps) for r in group.runs]),
         warnings=list(group.warnings),
     )
     if group.olympic_minutes is not None:
@@ -100,6 +103,10 @@ def _from_group(group: GroupResult) -> Measured:
         except FluxClusterError as exc:
             measured.warnings.append(str(exc))
     return measured
+
+
+def _agreed(values: list[tuple[float | None, int | None]]) -> tuple[float | None, int | None]:
+    return values[0] if len(set(values)) == 1 else (None, None)
 
 
 def _is_run_dir(group: GroupResult) -> bool:

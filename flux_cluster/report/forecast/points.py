@@ -309,6 +309,7 @@ def forecast_rows(
         row.target, row.actual_minutes = target.path, target.score_minutes
         row.error = row.minutes / target.score_minutes - 1
         row.inside = row.minutes_low <= target.score_minutes <= row.minutes_high
+        row.basis += off_reference(setup.ruleset, target)
         rows.append(row)
     result = Forecast(
         rows=rows,
@@ -321,6 +322,23 @@ def forecast_rows(
     if deadline is not None:
         result.deadline = cheapest_within(rows, deadline)
     return result
+
+
+def off_reference(ruleset: str, target: Measured) -> str:
+    """A basis note where the target trained with other hyperparameters than the RCP it is held to: its
+    convergence is then not what the RCP measured (the summarizer only floors it at the RCP mean)."""
+    ref = reference(ruleset, target.global_batch)
+    rate, warmup = target.hyperparameters
+    theirs = (
+        ref.hyperparameters.get("opt_base_learning_rate"),
+        ref.hyperparameters.get("opt_learning_rate_warmup_steps"),
+    )
+    if ref.kind != "found" or rate is None or (rate, warmup) == theirs:
+        return ""
+    return (
+        f"; the target trains with LR {rate:g}, warmup {warmup}, the RCP at {ref.batch} with LR "
+        f"{theirs[0]:g}, warmup {theirs[1]}: its convergence is outside what the RCP measured"
+    )
 
 
 def _input(m: Measured) -> dict[str, Any]:
