@@ -21,10 +21,11 @@ ARCHIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mlperf_v51_
 UF = "University-of-Florida/results/hpg.dgxb200x8.n{}/flux1"
 TYCHE = "NVIDIA/results/tyche_ngpu{}_ngc25.09_nemo/flux1"
 NEBIUS = "Nebius/results/nebius_b200_n4/flux1"
+ALL_UF = [UF.format(n) for n in (2, 4, 8, 9, 16)]
 CASES = [
     ("B200 from UF 16 GPUs", "dgx_b200x8", [UF.format(2)], [UF.format(n) for n in (4, 8, 9, 16)] + [NEBIUS]),
     ("B200 from UF 16+32", "dgx_b200x8", [UF.format(2), UF.format(4)], [UF.format(n) for n in (8, 9, 16)]),
-    ("B200 from Nebius 32 (another cluster)", "dgx_b200x8", [NEBIUS], [UF.format(n) for n in (2, 4, 8, 9, 16)]),
+    ("B200 from Nebius 32 (another cluster)", "dgx_b200x8", [NEBIUS], ALL_UF),
     ("GB200 from tyche 16+72", "gb200_nvl72", [TYCHE.format(16), TYCHE.format(72)], [TYCHE.format(512)]),
     ("GB200 from tyche 16", "gb200_nvl72", [TYCHE.format(16)], [TYCHE.format(72), TYCHE.format(512)]),
 ]
@@ -58,14 +59,16 @@ def main(archive: Path) -> int:
                 label = Path(row.target).parent.name
                 lines.append(
                     f"| {name} | {system} | {label} | {row.gpus} | {row.global_batch_size} | "
-                    f"{row.per_gpu_batch:g} | {row.minutes:.2f} | {row.minutes_low:.2f}..{row.minutes_high:.2f} "
+                    f"{row.per_gpu_batch:g} | {row.minutes:.2f} | "
+                    f"{row.minutes_low:.2f}..{row.minutes_high:.2f} "
                     f"| {row.actual_minutes:.2f} | {row.error:+.1%} | {'yes' if row.inside else 'NO'} | "
                     f"+-{width:.0%} |"
                 )
         print("\n".join(lines))
         print(
-            f"\n{len(errors)} forecasts: median error {statistics.median(errors):.1%}, worst {max(errors):.1%}; "
-            f"{sum(inside)} of {len(inside)} official scores inside their band; widest band +-{max(widths):.0%}."
+            f"\n{len(errors)} forecasts: median error {statistics.median(errors):.1%}, "
+            f"worst {max(errors):.1%}; {sum(inside)} of {len(inside)} official scores inside their band; "
+            f"widest band +-{max(widths):.0%}."
         )
     return 0 if all(inside) else 1
 

@@ -184,7 +184,7 @@ def _sweep(folder: Path, sizes: list[int], step_ms: float = 50.0) -> Path:
         point.run_dir = str(folder / f"p{index}")
         points.append(point)
     state = SweepState(
-        name=folder.name, system="local", job="throughput", grid={"train.micro_batch_size": list(map(str, sizes))},
+        name=folder.name, system="local", job="throughput", grid={"train.micro_batch_size": [str(sizes)]},
         overrides=[], synthetic=True, max_parallel=None, here=False, created_at=0.0, points=points,
     )  # fmt: skip
     folder.mkdir(parents=True)
