@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from flux_cluster.cli.options import SetOption, SystemOption
-from flux_cluster.cli.report import Format, RulesetChoice, print_tables_to, write_text
+from flux_cluster.cli.report import Format, RulesetChoice, emit_as
 from flux_cluster.errors import FluxClusterError
 
 
@@ -129,13 +129,15 @@ def forecast(
         check=check,
         overrides=overrides or [],
     )
-    if output_format is Format.table:
-        print_tables_to(lambda console: render.print_forecast(result, console), output)
-        return
-    text = {
+    renders = {
         Format.json: render.render_json,
         Format.csv: render.render_csv,
         Format.md: render.render_markdown,
         Format.html: render.render_html,
-    }[output_format](result)
-    write_text(text, output)
+    }
+    emit_as(
+        output_format,
+        output,
+        lambda console: render.print_forecast(result, console),
+        lambda: renders[output_format](result),
+    )

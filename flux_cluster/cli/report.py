@@ -206,21 +206,27 @@ def _emit_sweeps(reports: "list[SweepReport]", output_format: Format, output: Pa
     """Sweep folders (sweep.json): their points, the best per node count, the plots (HTML)."""
     from flux_cluster.report import sweep
 
-    if output_format is Format.table:
+    def draw(console: "Console") -> None:
+        for report in reports:
+            sweep.print_sweep(report, console)
 
-        def draw(console: "Console") -> None:
-            for report in reports:
-                sweep.print_sweep(report, console)
-
-        print_tables_to(draw, output)
-        return
-    render = {
+    renders = {
         Format.json: sweep.render_json,
         Format.csv: sweep.render_csv,
         Format.md: sweep.render_markdown,
         Format.html: sweep.render_html,
-    }[output_format]
-    write_text(render(reports), output)
+    }
+    emit_as(output_format, output, draw, lambda: renders[output_format](reports))
+
+
+def emit_as(
+    output_format: Format, output: Path | None, draw: Callable[["Console"], None], render: Callable[[], str]
+) -> None:
+    """The table format drawn (print_tables_to), any other rendered and written (write_text)."""
+    if output_format is Format.table:
+        print_tables_to(draw, output)
+    else:
+        write_text(render(), output)
 
 
 def _emit(

@@ -4,11 +4,11 @@
 import csv
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from report_samples import GROUP, sample
+from report_samples import sample
+from test_report_output import _submission
 from typer.testing import CliRunner
 
 from flux_cluster.cli import app
@@ -26,15 +26,6 @@ AMD_V60_KEYS = {
 """What AMD's v6.0 flux1 logs (MI325X, 8x8) disclose: some of 6.1.0's keys, not its attn/comm precisions."""
 
 
-def _copy(sample: Path, root: Path, runs: int = 10) -> Path:
-    group = root / GROUP
-    group.mkdir(parents=True)
-    for i in range(runs):
-        shutil.copy(sample / GROUP / f"result_{i}.txt", group)
-    shutil.copytree(sample / GROUP.parents[2] / "systems", root / GROUP.parents[2] / "systems")
-    return group
-
-
 def _line(key: str, value: object) -> bytes:
     event = {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": key, "value": value}
     return (
@@ -44,7 +35,7 @@ def _line(key: str, value: object) -> bytes:
 
 def _v60_shaped(sample: Path, root: Path) -> Path:
     """The real v5.1 logs with the disclosure keys AMD's v6.0 logs carry, after opt_gradient_clip_norm."""
-    group = _copy(sample, root)
+    group = _submission(sample, root, runs=10)
     for log in group.glob("result_*.txt"):
         lines = log.read_bytes().splitlines(keepends=True)
         at = next(i for i, line in enumerate(lines) if b'"opt_gradient_clip_norm"' in line)
@@ -85,7 +76,7 @@ def test_the_rcp_verdict_is_the_checkers_in_every_format(sample: Path, tmp_path:
     markdown = cli.invoke(app, ["report", str(sample), "--no-check", "-f", "md"]).stdout
     assert "| RCP |" in markdown and "| pass |" in markdown
 
-    few = _copy(sample, tmp_path / "few", runs=4)
+    few = _submission(sample, tmp_path / "few", runs=4)
     (group_few,) = build([few], Options(check=False, ruleset="5.1.0"))
     assert group_few.rcp is not None and group_few.rcp["too_few_runs"]
     assert group_few.rcp_verdict is not None and group_few.rcp_verdict.endswith("(4 of 10 runs)")
