@@ -38,6 +38,7 @@ BatchOption = Annotated[
     int | None,
     typer.Option(
         min=1,
+        metavar="BATCH",
         help="Global batch for every --gpus N \\[default: the largest batch preset that splits over N "
         "and is at most N x the system's per-GPU batch].",
         show_default=False,
@@ -46,6 +47,7 @@ BatchOption = Annotated[
 DpShardOption = Annotated[
     str | None,
     typer.Option(
+        metavar="N|world",
         help="GPUs that shard one model copy, or 'world' (FSDP over all GPUs) \\[default: the system's "
         "train.dp_shard: one node].",
         show_default=False,
@@ -54,6 +56,7 @@ DpShardOption = Annotated[
 BandwidthOption = Annotated[
     float | None,
     typer.Option(
+        metavar="GBPS",
         help="Measured bus bandwidth in GB/s for every collective \\[default: the system's interconnect "
         "datasheet figures x 0.8].",
         show_default=False,
@@ -66,6 +69,7 @@ def forecast(
         list[Path],
         typer.Option(
             "--from",
+            metavar="PATH",
             help="A throughput sweep (flux-cluster sweep --job throughput), MLPerf result folders or run "
             "directories (repeatable).",
         ),
@@ -90,7 +94,9 @@ def forecast(
     bandwidth: BandwidthOption = None,
     price: Annotated[
         float | None,
-        typer.Option(min=0, help="USD per GPU-hour \\[default: the system's].", show_default=False),
+        typer.Option(
+            min=0, metavar="USD", help="USD per GPU-hour \\[default: the system's].", show_default=False
+        ),
     ] = None,
     deadline: Annotated[
         float | None,
