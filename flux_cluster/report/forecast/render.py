@@ -126,6 +126,8 @@ def render_markdown(forecast: Forecast) -> str:
 
 def plot(rows: list[Row]) -> str:
     """Minutes (with the band) and USD per run (or GPU-hours) against GPUs, as inline SVG."""
+    from matplotlib.ticker import NullLocator
+
     from flux_cluster.report import plots
 
     with plots.report_figure(PLOT_TITLE) as (figure, axes):
@@ -143,6 +145,9 @@ def plot(rows: list[Row]) -> str:
             axes.scatter([r.gpus for r in targets], [r.actual_minutes for r in targets], marker="*", s=80,
                          color="black", zorder=3, label="official score")  # fmt: skip
         axes.set_xscale("log", base=2)
+        counts = sorted({r.gpus for r in rows})
+        axes.set_xticks(counts, labels=[str(c) for c in counts])
+        axes.xaxis.set_minor_locator(NullLocator())
         axes.set_xlabel("GPUs")
         axes.set_ylabel("minutes to train")
         axes.set_ylim(bottom=0)
@@ -153,8 +158,8 @@ def plot(rows: list[Row]) -> str:
             twin.set_ylabel("USD per run" if ordered[0].usd is not None else "GPU-hours per run")
             twin.set_ylim(bottom=0)
             twin.grid(False)
-            twin.legend(loc="upper center", fontsize=7)
-        axes.legend(fontsize=7)
+            twin.legend(loc="upper right", bbox_to_anchor=(1.0, 0.82), fontsize=7)
+        axes.legend(loc="upper right", fontsize=7)
         return plots.figure_svg(figure)
 
 
