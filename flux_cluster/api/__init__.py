@@ -16,6 +16,7 @@ report() finding no result logs is its subclass NoResultsError.
 
 from flux_cluster.api.data import DataRun, encode, prepare_data, synth_hf
 from flux_cluster.api.evaluation import Evaluation, evaluate
+from flux_cluster.api.forecast import forecast
 from flux_cluster.api.reports import Report, report
 from flux_cluster.api.runs import Run, list_runs, load_system, open_run, preflight, requeue, submit
 from flux_cluster.api.sweeps import Sweep, open_sweep, plan_sweep, sweep
@@ -31,6 +32,7 @@ __all__ = [
     "Sweep",
     "encode",
     "evaluate",
+    "forecast",
     "list_runs",
     "load_system",
     "open_run",

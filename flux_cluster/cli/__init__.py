@@ -10,7 +10,7 @@ from typer._click import Context
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from flux_cluster import __version__
-from flux_cluster.cli import data, evaluate, image, launch, models, report, runs, sweep, systems
+from flux_cluster.cli import data, evaluate, forecast, image, launch, models, report, runs, sweep, systems
 from flux_cluster.cli.console import Group, Typer
 from flux_cluster.errors import FluxClusterError
 
@@ -91,6 +91,7 @@ app.command()(runs.status)
 app.command()(runs.logs)
 app.command()(runs.cancel)
 app.command()(report.report)
+app.command()(forecast.forecast)
 app.command()(evaluate.evaluate)
 
 

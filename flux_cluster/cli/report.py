@@ -218,21 +218,27 @@ def _emit_sweeps(
     """Sweep folders (sweep.json): their points, the best per node count, the plots (HTML)."""
     from flux_cluster.report import sweep
 
-    if output_format is Format.table:
+    def draw(console: "Console") -> None:
+        for report in reports:
+            sweep.print_sweep(report, console, wide)
 
-        def draw(console: "Console") -> None:
-            for report in reports:
-                sweep.print_sweep(report, console, wide)
-
-        _print_tables(draw, output)
-        return
-    render = {
+    renders = {
         Format.json: sweep.render_json,
         Format.csv: sweep.render_csv,
         Format.md: sweep.render_markdown,
         Format.html: sweep.render_html,
-    }[output_format]
-    _write(render(reports), output)
+    }
+    emit_as(output_format, output, draw, lambda: renders[output_format](reports))
+
+
+def emit_as(
+    output_format: Format, output: Path | None, draw: Callable[["Console"], None], render: Callable[[], str]
+) -> None:
+    """The table format drawn (print_tables_to), any other rendered and written (write_text)."""
+    if output_format is Format.table:
+        print_tables_to(draw, output)
+    else:
+        write_text(render(), output)
 
 
 def _emit(
@@ -252,7 +258,7 @@ def _emit(
             if comparison is not None:
                 formats.print_comparison(comparison, console)
 
-        _print_tables(draw, output)
+        print_tables_to(draw, output)
         return
     if output_format is Format.json:
         text = formats.render_json(groups, comparison)
@@ -264,10 +270,10 @@ def _emit(
         from flux_cluster.report.html import render_html
 
         text = render_html(groups, checked, comparison)
-    _write(text, output)
+    write_text(text, output)
 
 
-def _print_tables(draw: Callable[["Console"], None], output: Path | None) -> None:
+def print_tables_to(draw: Callable[["Console"], None], output: Path | None) -> None:
     """The table format: drawn on the terminal, or as text to a pipe or the --output file (no wrapping)."""
     from rich.console import Console
 
@@ -277,10 +283,10 @@ def _print_tables(draw: Callable[["Console"], None], output: Path | None) -> Non
         console = Console(file=buffer if output else sys.stdout, width=200)
     draw(console)
     if output is not None:
-        _write(buffer.getvalue(), output)
+        write_text(buffer.getvalue(), output)
 
 
-def _write(text: str, output: Path | None) -> None:
+def write_text(text: str, output: Path | None) -> None:
     """To stdout, or atomically to the --output file."""
     # surrogateescape: a file name that is not UTF-8 comes out as its own bytes, not as an error
     data = text.encode("utf-8", "surrogateescape")

@@ -262,6 +262,24 @@ class DataPrepConfig(_Section):
     """Memory per data task (sbatch --mem); None: Slurm's per-CPU default, not the whole node."""
 
 
+class InterconnectConfig(_Section):
+    """How fast the accelerators exchange data, per accelerator and per direction, as the datasheets give it:
+    what ``flux-cluster forecast`` turns the FSDP/HSDP collectives of a step into seconds with."""
+
+    scale_up_gbps: float | None = Field(default=None, gt=0)
+    """GB/s one accelerator sends (and receives) over the scale-up fabric, one direction: NVLink 5
+    (B200, GB200) 900, NVLink 4 (H100, H200) 450, Infinity Fabric (MI300X, MI325X: 7 links x 64) 448.
+    None: unknown (a forecast that needs it says so)."""
+    scale_up_domain: int | None = Field(default=None, ge=1)
+    """Accelerators that share one scale-up fabric (72 in a GB200 NVL72 rack); None: one node's
+    (gpus_per_node)."""
+    scale_out_gbps: float | None = Field(default=None, gt=0)
+    """GB/s per accelerator, one direction, between scale-up domains: the node's NIC bandwidth over its
+    accelerators (8x 400 Gb/s ConnectX-7 for 8 GPUs: 50). None: unknown (one-node systems need none)."""
+    source: str | None = Field(default=None, max_length=300)
+    """Where the figures come from (the datasheets, a measurement)."""
+
+
 class MlperfConfig(_Section):
     nexp: int = Field(default=1, ge=1, le=1000)
     """Repeats of the benchmark (MLPerf needs 10 runs of flux1), each with its own log and seed."""
@@ -339,6 +357,8 @@ class SystemConfig(_Section):
     """How this system runs the training job: model, batch sizes, evaluation, checkpoints, parallelism."""
     hf: HfConfig = HfConfig()
     """The Hugging Face model, task and data of train.benchmark hf (flux_cluster/config/hf.py)."""
+    interconnect: InterconnectConfig = InterconnectConfig()
+    """Accelerator-to-accelerator bandwidth, for 'flux-cluster forecast' (docs in the section)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -36,6 +36,29 @@ class ModelShape:
     mlp_ratio: float = 4.0
     timestep_dim: int = 256
     """Sinusoidal timestep embedding size fed to the time MLP."""
+    head_dim: int = 128
+    """Attention head size (each q/k RMSNorm holds one weight per channel of a head)."""
+
+    @property
+    def parameters(self) -> int:
+        """The parameter count of diffusers' FluxTransformer2DModel of this shape (no guidance embedder),
+        counted from its layers: what FSDP gathers and reduces every step."""
+        d, h, r = self.hidden, self.head_dim, int(self.mlp_ratio)
+        # each stream: adaLN (6 d), q k v and out (4 d), MLP (r d in, r d out); 4 q/k norms
+        double = 2 * (6 * d * d + 6 * d) + 2 * 4 * (d * d + d) + 2 * (2 * r * d * d + r * d + d) + 4 * h
+        # adaLN (3 d), q k v (3 d), MLP in (r d), the fused out ((1 + r) d -> d); 2 q/k norms
+        single = (3 + 3 + r) * (d * d + d) + (1 + r) * d * d + d + 2 * h
+        root = (
+            (self.in_channels + 1) * d  # x_embedder
+            + (self.text_dim + 1) * d  # context_embedder
+            + (self.timestep_dim + 1) * d
+            + (d + 1) * d  # time MLP
+            + (self.pooled_dim + 1) * d
+            + (d + 1) * d  # pooled-text MLP
+            + (d + 1) * 2 * d  # norm_out's modulation
+            + (d + 1) * self.in_channels  # proj_out
+        )
+        return self.double_blocks * double + self.single_blocks * single + root
 
 
 class _Strict(BaseModel):
@@ -88,6 +111,7 @@ class ModelArgs(_Strict):
             in_channels=self.in_channels,
             text_dim=self.joint_attention_dim,
             pooled_dim=self.pooled_projection_dim,
+            head_dim=self.attention_head_dim,
         )
 
 

@@ -36,6 +36,8 @@ class Options:
     """Seconds one log's compliance check may take; past it, that run fails with a line saying so."""
 
 
+PARTIAL_610_RULESET = "6.0.0"
+"""Logs with some of 6.1.0's disclosure keys but not all: 6.0 round implementations (AMD's) log several."""
 NOT_APPLICABLE = "not applicable"
 """A fine-tuning run's compliance: it is no MLPerf result, so it is never given to the checker."""
 
@@ -115,9 +117,12 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
 
 def choose_ruleset(source: GroupSource, runs: list[RunResult], given: str | None) -> None:
     """source.ruleset and where it came from: --ruleset, else the run config's, else what the logs show
-    (6.1.0's keys, 6.x's evaluation_frequency), else a 'vX.Y' in the path, else DEFAULT_RULESET with a
-    warning that asks for --ruleset (never silently)."""
+    (all of 6.1.0's keys, 6.x's evaluation_frequency), else a 'vX.Y' in the path, else 6.0.0 where the logs
+    carry some of 6.1.0's keys but not all (a 6.0 round's: the summarizer is run with the round's ruleset,
+    and a 6.1.0 checker fails such a log), saying so, else DEFAULT_RULESET with a warning that asks for
+    --ruleset (never silently)."""
     logged = {r.logged_ruleset for r in runs if r.logged_ruleset}
+    partial = sorted({k for r in runs for k in r.missing_610_keys})
     if given:
         source.ruleset, source.ruleset_from = given, "--ruleset"
     elif source.ruleset:
@@ -126,6 +131,12 @@ def choose_ruleset(source: GroupSource, runs: list[RunResult], given: str | None
         source.ruleset, source.ruleset_from = logged.pop(), "logs"
     elif source.path_ruleset:
         source.ruleset, source.ruleset_from = source.path_ruleset, "path"
+    elif partial and not logged:
+        source.ruleset, source.ruleset_from = PARTIAL_610_RULESET, "logs"
+        source.warnings.append(
+            f"ruleset: the logs carry some of 6.1.0's disclosure keys but not {', '.join(partial)} (which "
+            f"6.1.0 requires): read as a 6.0 round's ({PARTIAL_610_RULESET}); give --ruleset if not"
+        )
     else:
         source.ruleset, source.ruleset_from = DEFAULT_RULESET, "assumed"
         if source.train_mode not in FINE_TUNING_MODES and runs:

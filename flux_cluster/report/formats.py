@@ -99,6 +99,7 @@ GROUP_COLUMNS = [
         terminal=False,
     ),
     Column("samples to converge", lambda g: g.samples_to_converge, "{:,.0f}"),
+    Column("RCP", lambda g: g.rcp_verdict),  # what mlperf_logging's RCP checker says of the runs
     Column("samples/s", lambda g: g.throughput_samples_per_s, "{:,.1f}", terminal=False),
     Column("samples/s/acc", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
     Column("MFU", lambda g: g.mfu, "{:.1%}"),
@@ -114,7 +115,7 @@ GROUP_COLUMNS = [
 ]
 GROUP_PRIORITY = (
     "system", "olympic minutes", "USD per run", "samples/s/acc", "runs scored", "accelerators",
-    "samples to converge", "MFU", "GPU-hours per run",
+    "samples to converge", "RCP", "MFU", "GPU-hours per run",
 )  # fmt: skip
 """The terminal's summary columns, the most important first: a narrow window drops them from the last."""
 
@@ -348,7 +349,7 @@ CSV_FIELDS = [
     "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
     "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s",
     "inference_usd_per_1k_images", "clip_score_base", "clip_score_tuned", "val_loss_base", "val_loss_tuned",
-    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from",
+    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from", "rcp_verdict",
 ]  # fmt: skip
 
 

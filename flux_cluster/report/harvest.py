@@ -201,8 +201,10 @@ class RunResult:
     that run_stop says success (the group's samples to converge is built from these)."""
     longest_line: int = field(default=0, repr=False)
     logged_ruleset: str | None = field(default=None, repr=False)
-    """The ruleset the log's keys show: 6.1.0 (its disclosure keys), 6.0.0 (an evaluation_frequency
-    other than 5.1.0's fixed 262,144), else None (5.1.0 and 6.0.0 logs read the same)."""
+    """The ruleset the log's keys show: 6.1.0 (every disclosure key it requires), 6.0.0 (an
+    evaluation_frequency other than 5.1.0's fixed 262,144), else None (5.1.0 and 6.0.0 logs read the same)."""
+    missing_610_keys: list[str] = field(default_factory=list, repr=False)
+    """Some of 6.1.0's disclosure keys but not these: no 6.1.0 log (its checker fails it), a 6.0 round's."""
 
 
 class _Intervals:
@@ -410,10 +412,13 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
 
     result.longest_line = scan.longest_line
     frequency = _number(points.get("evaluation_frequency"), int)
-    if any(scan.counts[k] for k in RULESET_610_KEYS):
+    disclosed = {k for k in RULESET_610_KEYS if scan.counts[k]}
+    if disclosed == RULESET_610_KEYS:
         result.logged_ruleset = "6.1.0"
     elif frequency is not None and frequency != EVAL_INTERVAL_SAMPLES:
         result.logged_ruleset = "6.0.0"
+    elif disclosed:  # a 6.0 round's implementation logging some of them before 6.1.0 required them all
+        result.missing_610_keys = sorted(RULESET_610_KEYS - disclosed)
     if scan.rcp_status == "success" and scan.rcp_samples is not None:
         result.rcp_samples = scan.rcp_samples if finite_number(scan.rcp_samples) else math.inf
     result.benchmark = _text(points.get("submission_benchmark"))
@@ -469,7 +474,8 @@ def _text(value: Any) -> str | None:
 
 def to_json(result: RunResult) -> dict[str, Any]:
     document = dict(result.__dict__)
-    for private in ("accelerators_from_log", "eval_epochs", "rcp_samples", "longest_line", "logged_ruleset"):
+    private_fields = ("accelerators_from_log", "eval_epochs", "rcp_samples", "longest_line", "logged_ruleset")
+    for private in (*private_fields, "missing_610_keys"):
         document.pop(private)
     document["eval_curve"] = [list(point) for point in result.eval_curve]
     if result.fine_tuning is not None:

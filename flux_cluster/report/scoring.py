@@ -24,6 +24,7 @@ from typing import Any
 from flux_cluster.report.discover import GroupSource
 from flux_cluster.report.evaluation import EvalResult
 from flux_cluster.report.harvest import RunResult, to_json
+from flux_cluster.report.rcp import has_rcps, verdict, verdict_text
 from flux_cluster.training.flops import FLUX_SCHNELL, training_flops_per_sample
 
 MAX_DROPPED = 1
@@ -102,11 +103,19 @@ class GroupResult:
     val_loss_tuned: float | None = None
     evals_meaningful: bool | None = None
     """False when any of its evaluations says its figures mean nothing (a tiny random-init model)."""
+    rcp: dict[str, Any] | None = None
+    """What mlperf_logging's RCP checker says of the runs at their global batch (report.rcp.verdict):
+    verdict, the normalization factor, the RCP it compared with; None where the benchmark has no RCPs."""
     warnings: list[str] = field(default_factory=list)
 
     @property
     def fine_tuning(self) -> bool:
         return self.train_mode in FINE_TUNING_MODES
+
+    @property
+    def rcp_verdict(self) -> str | None:
+        """The RCP verdict in one cell ('pass', 'pass x1.021', 'fail', ...)."""
+        return verdict_text(self.rcp)
 
     def to_json(self) -> dict[str, Any]:
         document = {k: v for k, v in self.__dict__.items() if k != "runs"}
@@ -204,6 +213,7 @@ def score_group(
     if len({r.global_batch_size for r in runs if r.global_batch_size}) > 1:
         group.warnings.append("runs use different global batch sizes")
     group.samples_to_converge = olympic_samples(runs)
+    group.rcp = rcp_verdict(group)
 
     per_run = average if group.olympic_minutes is not None else None  # measured, not RCP-scaled
     if per_run is not None:
@@ -229,6 +239,19 @@ def score_group(
     if evals:
         eval_figures(group, evals)
     return group
+
+
+def rcp_verdict(group: GroupResult) -> dict[str, Any] | None:
+    """What the RCP checker says of the group's runs (None: fine-tuning, or no RCPs for the benchmark)."""
+    if group.fine_tuning or not has_rcps(group.ruleset, group.benchmark):
+        return None
+    assert group.ruleset is not None and group.benchmark is not None
+    batch = _agreed(r.global_batch_size for r in group.runs)
+    finite = [
+        r.rcp_samples if r.rcp_samples is not None and math.isfinite(r.rcp_samples) else None
+        for r in group.runs
+    ]
+    return verdict(group.ruleset, group.benchmark, batch, finite)
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -17,6 +17,7 @@ from flux_cluster.cli import app
 from flux_cluster.report import plots
 from flux_cluster.report.build import Options, build
 from flux_cluster.report.formats import print_tables, render_markdown
+from flux_cluster.report.harvest import RULESET_610_KEYS
 from flux_cluster.report.html import render_html
 from flux_cluster.report.scoring import GroupResult
 
@@ -117,10 +118,13 @@ def test_the_ruleset_is_read_from_the_logs_or_the_path_and_shown(sample: Path, t
     (group,) = build([versioned], Options(check=False, ruleset="6.1.0"))
     assert (group.ruleset, group.ruleset_from) == ("6.1.0", "--ruleset")
 
-    newer = _submission(sample, tmp_path / "newer")  # a 6.1.0 log: its disclosure keys
+    newer = _submission(sample, tmp_path / "newer")  # a 6.1.0 log: every disclosure key it requires
     for log in newer.glob("result_*.txt"):
-        line = b':::MLLOG {"time_ms": 1, "key": "config_filename", "value": "c.sh", "metadata": {}}\n'
-        log.write_bytes(line + log.read_bytes())
+        lines = [
+            f':::MLLOG {{"time_ms": 1, "key": "{key}", "value": "1", "metadata": {{}}}}\n'.encode()
+            for key in sorted(RULESET_610_KEYS)
+        ]
+        log.write_bytes(b"".join(lines) + log.read_bytes())
     (group,) = build([newer], Options(check=False))
     assert (group.ruleset, group.ruleset_from) == ("6.1.0", "logs")
     assert not any("give --ruleset" in w for w in group.warnings)

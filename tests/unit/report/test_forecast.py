@@ -1,0 +1,234 @@
+"""flux-cluster forecast (issue 40): the communication count, the step fit, convergence from the installed
+RCPs, the 512-GPU GB200 forecast from real 16- and 72-GPU results (tests/data), every format, and bad
+input as one line."""
+
+import csv
+import io
+import json
+import math
+import re
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+from report_samples import GROUP, sample
+from typer.testing import CliRunner
+
+from flux_cluster import api
+from flux_cluster.cli import app
+from flux_cluster.config import load_system
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.report.forecast.model import (
+    EFFICIENCY,
+    Fabric,
+    Sample,
+    comm_seconds,
+    evaluations,
+    fit_steps,
+    olympic_sd,
+)
+from flux_cluster.report.forecast.points import default_batch, make_setup
+from flux_cluster.report.rcp import reference
+from flux_cluster.sweepdir import Point, SweepState
+
+__all__ = ["sample"]
+TRIM = Path(__file__).resolve().parents[2] / "data" / "mlperf_v51_scaling_trim.tar.xz"
+P = 11_891_178_560
+"""flux-schnell's parameters (ModelShape.parameters; tests/unit/training checks it against diffusers)."""
+
+
+@pytest.fixture(scope="module")
+def scaling(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("scaling")
+    with tarfile.open(TRIM) as archive:
+        archive.extractall(root, filter="data")
+    return root / "mlperf_v51_scaling_trim"
+
+
+def tyche(root: Path, gpus: int) -> Path:
+    return root / f"NVIDIA/results/tyche_ngpu{gpus}_ngc25.09_nemo/flux1"
+
+
+def fabric(**changes: object) -> Fabric:
+    values: dict[str, object] = dict(
+        system="s", gpus_per_node=8, scale_up_gbps=900.0, scale_up_domain=8, scale_out_gbps=50.0
+    )
+    return Fabric(**(values | changes))  # type: ignore[arg-type]
+
+
+def test_communication_counts_the_sharded_collectives_over_the_links_they_cross() -> None:
+    # plain FSDP over 512 GPUs of NVL72 racks: 8 bytes a parameter (bf16 gathers twice, fp32 reduce) over
+    # NVLink (72 members a rack: the racks' NICs together outrun it)
+    nvl = fabric(gpus_per_node=4, scale_up_domain=72)
+    comm = comm_seconds(P, 2, 512, nvl, "world")
+    assert comm.bytes == pytest.approx(8 * P * 511 / 512)
+    assert comm.seconds == pytest.approx(comm.bytes / (900e9 * EFFICIENCY))
+    # HSDP on 8-GPU nodes: the shard group on NVLink, the replicas' float32 all-reduce on one NIC each
+    hsdp = comm_seconds(P, 2, 16, fabric(), None)
+    shard, replicas = 8 * P * 7 / 8, 2 * 4 * P / 8 * 1 / 2
+    assert hsdp.bytes == pytest.approx(shard + replicas)
+    assert hsdp.seconds == pytest.approx(shard / (900e9 * 0.8) + replicas / (50e9 * 0.8))
+    assert "shard groups of 8" in hsdp.text and "2 replicas" in hsdp.text
+    # FSDP over 2 nodes of 8: leaves a node through its 8 NICs (400 GB/s), less than NVLink
+    flat = comm_seconds(P, 2, 16, fabric(), "world")
+    assert flat.seconds == pytest.approx(8 * P * 15 / 16 / (400e9 * 0.8))
+    assert comm_seconds(P, 2, 1, fabric(), None).seconds == 0.0
+    assert comm_seconds(P, 2, 16, fabric(measured_gbps=100.0), "world").seconds == pytest.approx(
+        8 * P * 15 / 16 / 100e9
+    )  # a measured bus bandwidth is taken as measured
+    with pytest.raises(FluxClusterError, match=r"interconnect.scale_out_gbps: not set"):
+        comm_seconds(P, 2, 16, fabric(scale_out_gbps=None), None)
+
+
+def test_the_step_fit_recovers_a_fixed_and_a_per_sample_part() -> None:
+    comm = [0.05, 0.05, 0.05]
+    steps = [Sample(m, 8, 0.02 + 0.003 * m + 0.05, 0.0) for m in (2, 8, 32)]
+    fit = fit_steps(steps, comm)
+    assert (fit.fixed_s, fit.per_sample_s, fit.batches) == (
+        pytest.approx(0.02),
+        pytest.approx(0.003),
+        (2, 32),
+    )
+    one = fit_steps([Sample(32, 8, 0.5, 0.0)], [0.1])  # one batch size: what does not shrink is comm alone
+    assert (one.fixed_s, one.per_sample_s) == (0.0, pytest.approx(0.4 / 32))
+    with pytest.raises(FluxClusterError, match="do not grow with the per-GPU batch"):
+        fit_steps([Sample(32, 8, 0.5, 0.0)], [0.6])
+
+
+def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> None:
+    assert 0.3 < olympic_sd(10) < 0.4  # the olympic mean of 10 runs varies about a third of one run's sd
+    assert evaluations(10_733_340, 2048, 262_144) == math.ceil(10_733_340 / 262_144)
+    assert evaluations(1_000_000, 2304, 262_144) == math.ceil(1_000_000 / (114 * 2304))
+    setup = make_setup(
+        load_system("gb200_nvl72").config,
+        dp_shard=None,
+        bandwidth=None,
+        ruleset="5.1.0",
+        ruleset_from="--ruleset",
+        price=None,
+    )
+    assert setup.params == P and setup.price == 6.49
+    assert default_batch(setup, 72) == 2304  # the system's own batch
+    assert default_batch(setup, 512) == 4096  # the largest preset within 32 per GPU that splits
+    with pytest.raises(FluxClusterError, match="no batch preset"):
+        default_batch(setup, 100)
+
+
+def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, scaling: Path) -> None:
+    result = api.forecast(
+        [sample / GROUP, tyche(scaling, 72)],
+        system="gb200_nvl72",
+        targets=[tyche(scaling, 512)],
+        ruleset="5.1.0",
+        dp_shard="world",
+    )
+    (row,) = result.rows
+    assert (row.gpus, row.global_batch_size, row.per_gpu_batch) == (512, 2048, 4)
+    assert row.actual_minutes == pytest.approx(17.91264166666667)  # the official score
+    assert abs(row.error or 1) < 0.10 and row.inside
+    assert row.minutes_high / row.minutes - 1 <= 0.30 and 1 - row.minutes_low / row.minutes <= 0.30
+    assert row.extrapolated and "extrapolated: 4 per GPU, measured 32..32" in row.basis
+    # the 4-per-GPU step is mostly what does not shrink: the modelled communication
+    step = float(re.search(r"step ([\d.]+) s", row.basis).group(1))  # type: ignore[union-attr]
+    comm = float(re.search(r"comm ([\d.]+) s", row.basis).group(1))  # type: ignore[union-attr]
+    assert comm > step / 2
+    ref = reference("5.1.0", 2048)
+    assert row.samples_to_converge_low == pytest.approx(ref.mean)  # a faster submission is scaled to it
+    assert row.samples_to_converge > ref.mean  # the inputs converged slower than the RCP: carried over
+    assert result.model["convergence_ratio"] > 1.0
+
+
+def test_every_format_and_the_deadline(sample: Path, scaling: Path, tmp_path: Path) -> None:
+    cli = CliRunner()
+    base = ["forecast", "--from", str(sample / GROUP), "--system", "gb200_nvl72", "--ruleset", "5.1.0"]
+    base += ["--gpus", "16,72", "--gpus", "512:2048", "--dp-shard", "world"]
+    table = cli.invoke(app, [*base, "--deadline", "60"])
+    assert table.exit_code == 0, table.output
+    assert "512" in table.stdout and "deadline 60 minutes: the cheapest point" in table.stdout
+    document = json.loads(cli.invoke(app, [*base, "-f", "json"]).stdout)
+    assert [r["gpus"] for r in document["rows"]] == [16, 72, 512]
+    assert {"minutes", "minutes_low", "minutes_high", "usd", "basis", "samples_to_converge_high"} <= set(
+        document["rows"][0]
+    )
+    assert document["rows"][0]["batch_from"] == "preset" and document["rows"][2]["batch_from"] == "given"
+    rows = list(csv.DictReader(io.StringIO(cli.invoke(app, [*base, "-f", "csv"]).stdout)))
+    assert float(rows[1]["minutes"]) == pytest.approx(document["rows"][1]["minutes"])
+    markdown = cli.invoke(app, [*base, "-f", "md"]).stdout
+    assert markdown.startswith("# flux-cluster forecast") and "| GPUs |" in markdown
+    out = tmp_path / "f.html"
+    assert cli.invoke(app, [*base, "-f", "html", "-o", str(out)]).exit_code == 0
+    page = out.read_text()
+    assert "<svg" in page and "minutes to train" in page and "USD per run" in page
+
+    # a target whose folder name starts like a formula stays text in the CSV
+    odd = tmp_path / "=cmd" / GROUP
+    shutil.copytree(sample / GROUP, odd)
+    shutil.copytree(sample / GROUP.parents[2] / "systems", tmp_path / "=cmd" / GROUP.parents[2] / "systems")
+    target = cli.invoke(app, [*base[:7], "--target", str(odd), "-f", "csv"])
+    (row,) = csv.DictReader(io.StringIO(target.stdout))
+    assert row["target"].startswith("'/") or row["target"].startswith("/")  # no leading '=' reaches a sheet
+    assert float(row["actual_minutes"]) == pytest.approx(160.70693958333334)
+
+
+def _sweep(folder: Path, sizes: list[int], step_ms: float = 50.0) -> Path:
+    points = []
+    for index, size in enumerate(sizes):
+        point = Point(index=index, values={"train.micro_batch_size": str(size)}, status="ok")
+        step = (step_ms + 5.0 * size) / 1000
+        point.result = {
+            "world_size": 1, "global_batch_size": size, "micro_batch_size": size, "model": "tiny",
+            "samples_per_s": size / step, "samples_per_s_per_gpu": size / step,
+            "step_time_ms_p50": step * 1000, "step_time_ms_p90": step * 1100,
+        }  # fmt: skip
+        point.run_dir = str(folder / f"p{index}")
+        points.append(point)
+    state = SweepState(
+        name=folder.name, system="local", job="throughput", grid={"train.micro_batch_size": [str(sizes)]},
+        overrides=[], synthetic=True, max_parallel=None, here=False, created_at=0.0, points=points,
+    )  # fmt: skip
+    folder.mkdir(parents=True)
+    state.save(folder)
+    return folder
+
+
+def test_a_sweep_gives_the_fixed_and_per_sample_parts(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path / "mbs", [2, 4, 8, 16])
+    result = api.forecast([sweep], system="local", gpus=[(2, 16), (1, 8)])
+    assert result.model["fixed_s"] == pytest.approx(0.05) and result.model["per_sample_s"] == pytest.approx(
+        0.005
+    )
+    two, one = result.rows
+    assert one.samples_per_s == pytest.approx(8 / 0.09)  # measured: the fit gives it back
+    assert two.samples_per_s < 2 * one.samples_per_s  # 2 ranks pay the collectives of the tiny model
+    assert "shard groups of 2" in two.basis and "nothing measured converged" in two.basis
+
+
+def test_bad_input_is_one_line(sample: Path, tmp_path: Path) -> None:
+    cli = CliRunner()
+
+    def error(*args: str) -> str:
+        result = cli.invoke(app, ["forecast", *args])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1, result.output
+        return lines[0]
+
+    one = _sweep(tmp_path / "one", [8, 8])
+    assert "one per-GPU batch (8)" in error("--from", str(one), "--system", "local", "--gpus", "2")
+    unconverged = tmp_path / "never" / GROUP
+    unconverged.mkdir(parents=True)
+    shutil.copytree(sample / GROUP.parents[2] / "systems", tmp_path / "never" / GROUP.parents[2] / "systems")
+    for log in sorted((sample / GROUP).glob("result_*.txt"))[:3]:
+        text = log.read_text().replace(
+            '"key": "target_accuracy", "value": 0.586', '"key": "target_accuracy", "value": 0.1'
+        )
+        (unconverged / log.name).write_text(text)
+    assert "no converged run" in error("--from", str(unconverged), "--system", "gb200_nvl72", "--gpus", "16")
+    source = ["--from", str(sample / GROUP), "--system", "gb200_nvl72", "--ruleset", "5.1.0"]
+    assert "above every RCP" in error(*source, "--gpus", "64:8192")
+    assert "--gpus 'x'" in error(*source, "--gpus", "x")
+    assert "no such file" in error("--from", str(tmp_path / "nothing"), "--system", "local", "--gpus", "2")
+    assert "trained model 'tiny'" in error(
+        "--from", str(_sweep(tmp_path / "t", [2, 4])), "--system", "gb200_nvl72", "--gpus", "8"
+    )
