@@ -267,26 +267,27 @@ def make_plan(
 DEPENDENCY_KINDS = (
     "after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok", "singleton",
 )  # fmt: skip
-"""What sbatch's --dependency takes (its man page): TYPE:JOBID[:JOBID...], after's ids with +MINUTES, and
-singleton alone."""
-_JOB_ID = r"[0-9]+(?:_[0-9]+)?"  # a job, or one task of an array
+"""What sbatch's --dependency takes (its man page; slurmctld compares the names case-insensitively):
+TYPE:JOBID[:JOBID...], after's ids with +MINUTES, singleton alone, and a bare JOBID (afterany)."""
+_JOB_ID = r"[0-9]+(?:_(?:[0-9]+|\*))?"  # a job, one task of an array, or every task (ID_*)
 _DEPENDENCY = re.compile(
     rf"after:{_JOB_ID}(?:\+[0-9]+)?(?::{_JOB_ID}(?:\+[0-9]+)?)*"
     rf"|(?:afterany|afterburstbuffer|aftercorr|afternotok|afterok):{_JOB_ID}(?::{_JOB_ID})*"
-    r"|singleton"
+    rf"|singleton|{_JOB_ID}",
+    re.IGNORECASE | re.ASCII,  # as strncasecmp: no other letter folds onto an ASCII one
 )
 
 
 def check_dependency(text: str) -> None:
     """A Slurm dependency as sbatch's --dependency takes it: TYPE:JOBID[:JOBID...] (after:JOBID+MINUTES,
-    singleton), several joined by ',' (all must hold) or by '?' (any may), never both; anything else is
-    one line."""
+    singleton, a bare JOBID), several joined by ',' (all must hold) or by '?' (any may), never both;
+    anything else is one line."""
     separator = "?" if "?" in text else ","
     if not all(_DEPENDENCY.fullmatch(part) for part in text.split(separator)):
         raise FluxClusterError(
-            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] (JOBID digits, or ID_TASK), several "
-            f"joined by ',' (all) or by '?' (any), not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} "
-            "(after:JOBID+MINUTES; singleton alone)"
+            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] or a bare JOBID (afterany), JOBID "
+            "digits, ID_TASK or ID_* (every task of an array), several joined by ',' (all) or by '?' (any), "
+            f"not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} (after:JOBID+MINUTES; singleton alone)"
         )
 
 

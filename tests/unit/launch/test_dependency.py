@@ -21,6 +21,16 @@ from flux_cluster.launch.sweep_plan import check_sweep_dependency
         "afterok:123_4",  # one task of an array
         "afterok:1,afterany:2:3,singleton",
         "afterok:1?afternotok:1",
+        "123",  # a bare id: afterany (slurmctld's oldest form)
+        "123_4",
+        "123_*",  # every task of an array
+        "afterok:123_*",
+        "afterany:1_*:2_3",
+        "1,afterok:2",
+        "1?2",
+        "AfterOK:123",  # slurmctld compares the type names case-insensitively
+        "SINGLETON",
+        "After:5+10",
     ],
 )
 def test_slurms_forms_are_taken(text: str) -> None:
@@ -45,6 +55,15 @@ def test_slurms_forms_are_taken(text: str) -> None:
         "afterok:1 ",
         "afterok:1\nafterok:2",
         "",
+        "123:456",  # a bare id is one id
+        "123+5",
+        "123_**",
+        "afterok:1_*_2",
+        "*",
+        "afterok:*",
+        "afterok:1,2?3",
+        "aftero\u212a:1",  # KELVIN SIGN folds onto 'k' in Unicode, not for Slurm
+        "afterok:１",  # a full-width digit
     ],
 )
 def test_anything_else_is_one_line(text: str) -> None:
