@@ -10,6 +10,7 @@ from flux_cluster import __version__, rundir
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.data.prep.stages import ENCODE_STAGES
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.mlperf_rules import COMPLIANCE_STEP
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ JOBS: dict[str, JobKind] = {
 }
 
 
-COMPLIANCE_MODULE = "flux_cluster.jobs.compliance"
+COMPLIANCE_MODULE = COMPLIANCE_STEP
 """The step a job runs after each repeat whose result log MLPerf scores (JobPlan.checks_compliance): the
-official checker, one line (``python -m MODULE --ruleset R --log-output FILE RESULT_LOG``)."""
+official checker, one line (``python -m MODULE --ruleset R --log-output FILE RESULT_LOG``); named in
+mlperf_rules, whose old ``check`` entry (older job scripts) starts it too."""
 
 
 def data_job(stage: str) -> JobKind:
