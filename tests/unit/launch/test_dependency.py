@@ -63,7 +63,7 @@ def test_slurms_forms_are_taken(text: str) -> None:
         "afterok:*",
         "afterok:1,2?3",
         "aftero\u212a:1",  # KELVIN SIGN folds onto 'k' in Unicode, not for Slurm
-        "afterok:１",  # a full-width digit
+        "afterok:\uff11",  # FULLWIDTH DIGIT ONE: [0-9] only
     ],
 )
 def test_anything_else_is_one_line(text: str) -> None:
