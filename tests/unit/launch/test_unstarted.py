@@ -25,7 +25,8 @@ REFUSAL = "Batch job submission failed: Unable to contact slurm controller"
 def refusing_sbatch(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     tools = workdir / "tools"
     tools.mkdir()
-    (tools / "sbatch").write_text(f"#!/bin/bash\necho 'sbatch: error: {REFUSAL}' >&2\nexit 1\n")
+    keep = 'for a in "$@"; do [[ -f $a ]] && cat "$a" >> "$(dirname "$0")/scripts.txt"; done'  # what it got
+    (tools / "sbatch").write_text(f"#!/bin/bash\n{keep}\necho 'sbatch: error: {REFUSAL}' >&2\nexit 1\n")
     (tools / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tools}:{sys.exec_prefix}/bin:/usr/bin:/bin")
     return tools
@@ -42,6 +43,33 @@ def test_a_refused_sweep_array_leaves_no_point_or_array_folder(workdir: Path) ->
     assert all(REFUSAL in (p.error or "") and p.run_dir is None for p in state.points)
     assert [p.name for p in folder.iterdir() if p.is_dir()] == []  # no point's folder, no array's
     assert "0 points queued as 0 Slurm array(s)" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_an_any_of_dependency_goes_to_sbatch_as_given_and_a_window_refuses_it_first(
+    workdir: Path, refusing_sbatch: Path
+) -> None:
+    """Without --max-parallel each array waits for a '?' (any of) list as given; sbatch refusing them
+    leaves no folder. With a window, whose waits join with ',', the same list is one line before any
+    folder is made."""
+    import dataclasses
+
+    from flux_cluster.errors import FluxClusterError
+
+    grid = {"nodes": ["1", "2"], "train.micro_batch_size": ["1", "2"]}  # two arrays of two points
+    any_of = "afterok:7?afternotok:8"
+    request = SweepRequest("local_slurm", grid, synthetic=True, name="anyof", dependency=any_of)
+    folder = start_sweep(request, Console(file=io.StringIO(), width=300))
+    state = SweepState.load(folder)
+    assert [p.status for p in state.points] == ["failed"] * 4 and all(p.run_dir is None for p in state.points)
+    assert [p.name for p in folder.iterdir() if p.is_dir()] == []
+    sent = [
+        line for line in (refusing_sbatch / "scripts.txt").read_text().splitlines() if "--dependency" in line
+    ]
+    assert sent == [f"#SBATCH --dependency='{any_of}'"] * 2  # both arrays, nothing joined to the list
+    windowed = dataclasses.replace(request, name="anyof-window", max_parallel=2)
+    with pytest.raises(FluxClusterError, match="Slurm cannot join to a '\\?' \\(any of\\) list"):
+        start_sweep(windowed, Console(file=io.StringIO(), width=300))
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["anyof"]
 
 
 @pytest.mark.usefixtures("refusing_sbatch")
