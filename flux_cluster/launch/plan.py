@@ -275,7 +275,7 @@ _JOB_ID = r"[0-9]+(?:_(?:[0-9]+|\*))?"  # a job, one task of an array, or every 
 _DEPENDENCY = re.compile(
     rf"after:{_JOB_ID}(?:\+[0-9]+)?(?::{_JOB_ID}(?:\+[0-9]+)?)*"
     rf"|(?:afterany|afterburstbuffer|aftercorr|afternotok|afterok):{_JOB_ID}(?::{_JOB_ID})*"
-    rf"|singleton|{_JOB_ID}",
+    rf"|singleton|(?P<bare>{_JOB_ID})",
     re.IGNORECASE | re.ASCII,  # as strncasecmp: no other letter folds onto an ASCII one
 )
 
@@ -283,13 +283,20 @@ _DEPENDENCY = re.compile(
 def check_dependency(text: str) -> None:
     """A Slurm dependency as sbatch's --dependency takes it: TYPE:JOBID[:JOBID...] (after:JOBID+MINUTES,
     singleton, a bare JOBID), several joined by ',' (all must hold) or by '?' (any may), never both;
-    anything else is one line."""
+    anything else is one line. slurmctld reads a bare JOBID and the rest of the list as its oldest form
+    (JOBID,JOBID,...): no TYPE: after one, and in a '?' list only the last part is bare."""
     separator = "?" if "?" in text else ","
-    if not all(_DEPENDENCY.fullmatch(part) for part in text.split(separator)):
+    parts = [_DEPENDENCY.fullmatch(part) for part in text.split(separator)]
+    bare = next((i for i, part in enumerate(parts) if part and part["bare"]), None)
+    misplaced = bare is not None and (
+        bare != len(parts) - 1 if separator == "?" else any(p and ":" in p[0] for p in parts[bare + 1 :])
+    )
+    if not all(parts) or misplaced:
         raise FluxClusterError(
             f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] or a bare JOBID (afterany), JOBID "
             "digits, ID_TASK or ID_* (every task of an array), several joined by ',' (all) or by '?' (any), "
-            f"not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} (after:JOBID+MINUTES; singleton alone)"
+            f"not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} (after:JOBID+MINUTES; singleton alone); "
+            "a bare JOBID only after the TYPE: parts, and last in a '?' list"
         )
 
 
