@@ -5,10 +5,15 @@ Also the closed-division check of a run's settings (``closed_division_deviations
 the rules is labelled non-conforming in its result log (``CONFORMANCE_KEY``), by its job's compliance
 step (``python -m flux_cluster.jobs.compliance``) and in reports (``logged_deviations``; a run's
 config: ``flux_cluster.config.workload.run_deviations``).
+
+``python -m flux_cluster.mlperf_rules check ...``, the compliance step of job scripts rendered before it
+moved (a job requeued after an upgrade runs its old script), still runs it: the new step, started by name.
 """
 
 import json
 import math
+import os
+import sys
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -185,3 +190,28 @@ def read_loglines(path: Path, ruleset: str) -> tuple[list[Any], int, int]:
             failed += 1
         lineno += 1
     return loglines, failed, dropped
+
+
+COMPLIANCE_STEP = "flux_cluster.jobs.compliance"
+"""The compliance step's module (flux_cluster/jobs/compliance.py), which job scripts run
+(flux_cluster/launch/plan.py: COMPLIANCE_MODULE)."""
+
+
+def _old_compliance_step(argv: list[str]) -> int:
+    """`check ARGS` (the old step's only command, the same ARGS) becomes ``python -m COMPLIANCE_STEP ARGS``
+    in this process's place: its output and exit code are the job's. Started by name, never imported:
+    the shared floor does not reach up to the rank side's entry points."""
+    if argv[:1] != ["check"]:
+        print(
+            f"error: python -m flux_cluster.mlperf_rules takes only 'check ARGS' (job scripts from before "
+            f"the compliance step moved); run python -m {COMPLIANCE_STEP} ARGS",
+            file=sys.stderr,
+        )
+        return 2
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", COMPLIANCE_STEP, *argv[1:]])
+    return 2  # not reached: execv replaces this process or raises
+
+
+if __name__ == "__main__":
+    sys.exit(_old_compliance_step(sys.argv[1:]))

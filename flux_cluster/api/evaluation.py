@@ -22,6 +22,9 @@ class Evaluation:
     result: "EvalResult | None" = None
     run: Run | None = None
     system: str = ""
+    output: Path | None = None
+    """With submit: the JSON the job writes (a run's results/eval_<k>.json, k chosen when it is written;
+    --output; else results/eval.json in the job's own run folder), its grid beside it."""
 
 
 def evaluate(
@@ -78,8 +81,8 @@ def evaluate(
 
         if system is None:
             raise FluxClusterError("--submit: name the Slurm system with --system")
-        launched = submit_evaluation(options, system, list(overrides), path(runs_dir), dry_run)
-        return Evaluation(run=Run(launched.run_dir), system=launched.plan.system.name)
+        launched, output = submit_evaluation(options, system, list(overrides), path(runs_dir), dry_run)
+        return Evaluation(run=Run(launched.run_dir), system=launched.plan.system.name, output=output)
     given = {"--set": list(overrides), "--runs-dir": runs_dir, "--dry-run": dry_run or None}
     named = [flag for flag, value in given.items() if value]
     if named:

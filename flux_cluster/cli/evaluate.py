@@ -78,8 +78,9 @@ OutputOption = Annotated[
     Path | None,
     typer.Option(
         "--output",
-        help="The JSON to write outside a run \\[default: runs/evaluate/TIME-NAME/eval.json]; the grid "
-        "and the full-size images go beside it.",
+        help="The JSON to write when TARGET is not a run \\[default: runs/evaluate/TIME-NAME/eval.json; "
+        "with --submit, results/eval.json in the job's run folder]; the grid and the full-size images go "
+        "beside it.",
         show_default=False,
     ),
 ]
@@ -155,8 +156,8 @@ def evaluate(
         typer.echo(run.script(), nl=False)
         return
     console.print(
-        f"submitted evaluate job {run.job_ids[0]} on {done.system} ({run.run_dir}); follow it: "
-        f"flux-cluster logs {run.run_dir} --follow",
+        f"submitted evaluate job {run.job_ids[0]} on {done.system} ({run.run_dir}); it writes {done.output}; "
+        f"follow it: flux-cluster logs {run.run_dir} --follow",
         highlight=False,
         soft_wrap=True,
     )

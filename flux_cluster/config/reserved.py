@@ -124,7 +124,10 @@ _COMMENT_LINE = re.compile(r"^\s*#.*$", re.MULTILINE)
 _USES = (
     re.compile(rf"\$\{{?[!#]?({_NAME})"),  # $NAME, ${NAME...}, ${!NAME}, ${#NAME}
     re.compile(rf"(?:^|[\s;&|(`])({_NAME})\+?=", re.MULTILINE),  # NAME=..., also after export/local
-    re.compile(rf"\b(?:export|local|unset|readonly|declare|read|printf -v)((?:\s+-\S+)*(?:\s+{_NAME})+)"),
+    # the names on the same line, never an option's letters (declare -f) nor the next line's first word
+    re.compile(
+        rf"\b(?:export|local|unset|readonly|declare|read|printf -v)(?:[ \t]+-\S+)*((?:[ \t]+{_NAME})+)"
+    ),
     re.compile(rf"\bfor\s+({_NAME})\s+in\b"),
 )
 _ARITHMETIC = re.compile(r"\(\((.*?)\)\)", re.DOTALL)  # $(( )), (( )), for (( ))

@@ -4,7 +4,6 @@ share of the work. The stages are chained with afterok dependencies. Only the en
 (one per task, where the system requests GPUs as GRES)."""
 
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,8 +95,9 @@ def submit_stages(
     """Each stage a job in its own run directory under <runs>/<command>, chained by afterok (a dry run has
     no job ids to chain: its scripts are submitted in order by hand); prepare writes what a stage's job
     reads beside its config, before it is submitted. The jobs' mount sources (the data root, the source
-    root for a download, folders) are made first; if the first stage is refused, what this made goes."""
-    from flux_cluster.errors import FluxClusterError
+    root for a download, folders) are made first; if the first stage is refused, every folder this made
+    goes again (its run folder's parents <runs>/<command>/ and <runs>/ included), those still empty."""
+    from flux_cluster.launch.folders import make_folders, remove_made
     from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
     from flux_cluster.rundir import create_run_dir, runs_root
 
@@ -112,35 +112,23 @@ def submit_stages(
             # Pyxis and docker need a mount's source to exist; the source root is made only for a download.
             if key == "data_root" or "download" in stages:
                 needed.append(Path(value))
-    made = [] if dry_run else [folder for path in needed for folder in _make_folder(path)]
     experiment = command.replace(" ", "-")
+    made = make_folders([root / experiment, *([] if dry_run else needed)])
     dependency: str | None = None
     started: list[StageJob] = []
     for stage in stages:
-        run_dir = create_run_dir(root, experiment, f"{config.name}-{stage}")
-        plan = data_job_plan(config, stage, run_dir, experiment, dependency, mounts)
         try:
+            run_dir = create_run_dir(root, experiment, f"{config.name}-{stage}")
+            plan = data_job_plan(config, stage, run_dir, experiment, dependency, mounts)
             launched = launch_plan(plan, dry_run=dry_run, prepare=prepare)
-        except FluxClusterError:
-            if not started:  # no job will use them: the folders this call made go (if still empty)
-                for folder in reversed(made):
-                    with suppress(OSError):
-                        folder.rmdir()
+        except BaseException:
+            if not started:  # no job will use them
+                remove_made(made)
             raise
         started.append(StageJob(stage, launched))
         if not dry_run:
             dependency = f"afterok:{launched.record.job_ids[0].split('_')[0]}"
     return started
-
-
-def _make_folder(path: Path) -> list[Path]:
-    """mkdir -p path; returns the folders it made, outermost first."""
-    made, missing = [], path.absolute()
-    while not missing.exists():
-        made.append(missing)
-        missing = missing.parent
-    path.mkdir(parents=True, exist_ok=True)
-    return made[::-1]
 
 
 def submit_encode(

@@ -64,10 +64,12 @@ def evaluate_slurm_system(system: "SystemConfig", mounts: tuple[str, ...]) -> "S
 
 def submit_evaluation(
     options: "EvalOptions", system: str, sets: list[str], runs_dir: Path | None, dry_run: bool
-) -> "Launched":
+) -> tuple["Launched", Path]:
     """The job evaluates options, written with absolute paths into its run directory (OPTIONS_FILE). A
     target that is not a run gets its output there too (results/eval.json) unless --output names a file:
-    the job's folder and its output are one place."""
+    the job's folder and its output are one place. Returns what started and the JSON the job writes (a
+    run's results/eval_<k>.json: k is chosen when it is written). The folders made for it here (the run
+    folder's parents, the output's folder) go again if sbatch refuses it."""
     from flux_cluster.atomic import write_atomic
     from flux_cluster.config import load_system
     from flux_cluster.evaluate import OPTIONS_FILE
@@ -75,9 +77,10 @@ def submit_evaluation(
     from flux_cluster.evaluate.options import options_to_json
     from flux_cluster.evaluate.run import output_paths, pipeline_folder, read_prompts
     from flux_cluster.evaluate.target import resolve_target
+    from flux_cluster.launch.folders import make_folders, remove_made
     from flux_cluster.launch.plan import make_plan
     from flux_cluster.launch.submit import check_slurm_path, launch_plan, require_slurm
-    from flux_cluster.rundir import create_run_dir, results_dir, runs_root
+    from flux_cluster.rundir import create_run_dir, eval_file, results_dir, runs_root
 
     config = load_system(system, sets).config
     require_slurm(config)
@@ -100,24 +103,30 @@ def submit_evaluation(
     config = evaluate_slurm_system(config, tuple(mounts))
     root = runs_root(runs_dir, config).absolute()
     check_slurm_path(root)
-    if named is not None and not dry_run:
-        named.mkdir(parents=True, exist_ok=True)  # a container mount's source must exist
-    run_dir = create_run_dir(root, "evaluate", config.name)
-    plan = make_plan(config, "evaluate", run_dir, "evaluate", 0, extra_minutes=JOB_MINUTES)
-    output = None  # a run's results/eval_<k>.json, chosen when written
-    if target.run_dir is None:
-        output = (options.output or results_dir(run_dir) / "eval.json").absolute()
-    absolute = dataclasses.replace(
-        options,
-        target=options.target.absolute(),
-        model=pipeline.absolute(),
-        prompts=prompts,
-        clip=clip.absolute(),
-        output=output,
-    )
+    # a container mount's source must exist
+    made = make_folders([root / "evaluate", *([named] if named is not None and not dry_run else [])])
+    try:
+        run_dir = create_run_dir(root, "evaluate", config.name)
+        plan = make_plan(config, "evaluate", run_dir, "evaluate", 0, extra_minutes=JOB_MINUTES)
+        if target.run_dir is None:
+            output = written = (options.output or results_dir(run_dir) / "eval.json").absolute()
+        else:  # the job picks the run's first free results/eval_<k>.json when it writes
+            output, written = None, eval_file(target.run_dir.absolute(), "<k>")
+        absolute = dataclasses.replace(
+            options,
+            target=options.target.absolute(),
+            model=pipeline.absolute(),
+            prompts=prompts,
+            clip=clip.absolute(),
+            output=output,
+        )
 
-    def write_options(run_dir: Path) -> None:
-        document = {"options": options_to_json(absolute)}
-        write_atomic(run_dir / OPTIONS_FILE, json.dumps(document, indent=1) + "\n")
+        def write_options(run_dir: Path) -> None:
+            document = {"options": options_to_json(absolute)}
+            write_atomic(run_dir / OPTIONS_FILE, json.dumps(document, indent=1) + "\n")
 
-    return launch_plan(plan, dry_run=dry_run, prepare=write_options)
+        launched = launch_plan(plan, dry_run=dry_run, prepare=write_options)
+    except BaseException:
+        remove_made(made)
+        raise
+    return launched, written

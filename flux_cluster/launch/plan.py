@@ -10,6 +10,7 @@ from flux_cluster import __version__, rundir
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.data.prep.stages import ENCODE_STAGES
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.mlperf_rules import COMPLIANCE_STEP
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ JOBS: dict[str, JobKind] = {
 }
 
 
-COMPLIANCE_MODULE = "flux_cluster.jobs.compliance"
+COMPLIANCE_MODULE = COMPLIANCE_STEP
 """The step a job runs after each repeat whose result log MLPerf scores (JobPlan.checks_compliance): the
-official checker, one line (``python -m MODULE --ruleset R --log-output FILE RESULT_LOG``)."""
+official checker, one line (``python -m MODULE --ruleset R --log-output FILE RESULT_LOG``); named in
+mlperf_rules, whose old ``check`` entry (older job scripts) starts it too."""
 
 
 def data_job(stage: str) -> JobKind:
@@ -267,26 +269,34 @@ def make_plan(
 DEPENDENCY_KINDS = (
     "after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok", "singleton",
 )  # fmt: skip
-"""What sbatch's --dependency takes (its man page): TYPE:JOBID[:JOBID...], after's ids with +MINUTES, and
-singleton alone."""
-_JOB_ID = r"[0-9]+(?:_[0-9]+)?"  # a job, or one task of an array
+"""What sbatch's --dependency takes (its man page; slurmctld compares the names case-insensitively):
+TYPE:JOBID[:JOBID...], after's ids with +MINUTES, singleton alone, and a bare JOBID (afterany)."""
+_JOB_ID = r"[0-9]+(?:_(?:[0-9]+|\*))?"  # a job, one task of an array, or every task (ID_*)
 _DEPENDENCY = re.compile(
     rf"after:{_JOB_ID}(?:\+[0-9]+)?(?::{_JOB_ID}(?:\+[0-9]+)?)*"
     rf"|(?:afterany|afterburstbuffer|aftercorr|afternotok|afterok):{_JOB_ID}(?::{_JOB_ID})*"
-    r"|singleton"
+    rf"|singleton|(?P<bare>{_JOB_ID})",
+    re.IGNORECASE | re.ASCII,  # as strncasecmp: no other letter folds onto an ASCII one
 )
 
 
 def check_dependency(text: str) -> None:
     """A Slurm dependency as sbatch's --dependency takes it: TYPE:JOBID[:JOBID...] (after:JOBID+MINUTES,
-    singleton), several joined by ',' (all must hold) or by '?' (any may), never both; anything else is
-    one line."""
+    singleton, a bare JOBID), several joined by ',' (all must hold) or by '?' (any may), never both;
+    anything else is one line. slurmctld reads a bare JOBID and the rest of the list as its oldest form
+    (JOBID,JOBID,...): no TYPE: after one, and in a '?' list only the last part is bare."""
     separator = "?" if "?" in text else ","
-    if not all(_DEPENDENCY.fullmatch(part) for part in text.split(separator)):
+    parts = [_DEPENDENCY.fullmatch(part) for part in text.split(separator)]
+    bare = next((i for i, part in enumerate(parts) if part and part["bare"]), None)
+    misplaced = bare is not None and (
+        bare != len(parts) - 1 if separator == "?" else any(p and ":" in p[0] for p in parts[bare + 1 :])
+    )
+    if not all(parts) or misplaced:
         raise FluxClusterError(
-            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] (JOBID digits, or ID_TASK), several "
-            f"joined by ',' (all) or by '?' (any), not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} "
-            "(after:JOBID+MINUTES; singleton alone)"
+            f"--dependency {text!r}: expected TYPE:JOBID[:JOBID...] or a bare JOBID (afterany), JOBID "
+            "digits, ID_TASK or ID_* (every task of an array), several joined by ',' (all) or by '?' (any), "
+            f"not both; TYPE one of {', '.join(DEPENDENCY_KINDS)} (after:JOBID+MINUTES; singleton alone); "
+            "a bare JOBID only after the TYPE: parts, and last in a '?' list"
         )
 
 

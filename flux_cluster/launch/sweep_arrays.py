@@ -62,12 +62,12 @@ def queue_points(
     state.save(folder)
     arrays = 0
     for group in groups.values():
-        after = [dependency] if dependency else []
         width = min(len(group), window) if window else len(group)
         before = list(in_slurm)
         waits = make_room(in_slurm, width, window)
-        if waits:
-            after.append("afterany:" + ":".join(waits))
+        after = ["afterany:" + ":".join(waits)] if waits else []
+        if dependency:  # last: slurmctld reads a bare JOBID and what follows it as JOBID,JOBID,... only
+            after.append(dependency)
         base_id = _submit_array(folder, state, group, ",".join(after) or None, console)
         if base_id is None:  # refused: it takes no place, and what it would have waited for still runs
             in_slurm[:] = before

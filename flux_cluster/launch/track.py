@@ -117,8 +117,11 @@ def _log_source(path: Path, run_dir: Path) -> tuple[Path, Path]:
     folder; a sweep point's Slurm logs link to its array's output, in the sweep folder's arrays/."""
     arrays = run_dir.parent / "arrays"
     if path.is_symlink() and arrays.is_dir():
-        target = path.resolve()
-        if target.is_relative_to(arrays.resolve()):
+        try:
+            target, inside = path.resolve(), arrays.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError until Python 3.13): no such log
+            return path, run_dir
+        if target.is_relative_to(inside):
             return target, arrays
     return path, run_dir
 

@@ -102,12 +102,22 @@ trap stop_containers EXIT
 # One long-lived container per node; ranks are started in it with 'exec'.
 log "starting ${_fc_container_image} as ${_fc_container_name} on every node"
 on_hosts "$_fc_runtime" rm --force "$_fc_container_name" >/dev/null 2>&1 || true
-# The container is given the node's GPUs but sees only those Slurm gave this job there: the step's
-# SLURM_STEP_GPUS (global ids, not relative to a device cgroup, which a container escapes) becomes its
-# ROCR_VISIBLE_DEVICES; every GPU where Slurm names none (no GRES).
-# shellcheck disable=SC2016  # expanded by the bash on each node
-_fc_own_gpus='if [[ -n ${SLURM_STEP_GPUS:-} ]]; then export ROCR_VISIBLE_DEVICES=$SLURM_STEP_GPUS; else unset ROCR_VISIBLE_DEVICES; fi; exec "$@"'
-on_hosts bash -c "$_fc_own_gpus" own_gpus "$_fc_runtime" run --detach --rm --name="$_fc_container_name" \
+# The container is given the node's GPUs (it escapes the step's device cgroup) but must see only those Slurm
+# gave this job there: the bash that starts it on each node sets its ROCR_VISIBLE_DEVICES first.
+_fc_own_gpus() {
+    local _fc_slurm=${SLURM_STEP_GPUS:-}
+    # Slurm's indices, taken as ROCr's (both count the GPUs in PCI bus order where Slurm detects them itself):
+    # rocm-smi reads sysfs, which shows every GPU of the node whatever the step may open, so it cannot say
+    # which are the step's.
+    if [[ -n $_fc_slurm ]]; then
+        export ROCR_VISIBLE_DEVICES=$_fc_slurm
+    else  # the job asked for GPUs by GRES: never every GPU of the node
+        echo "error: on $(uname -n): the job asked Slurm for GPUs, but this step names none (SLURM_STEP_GPUS is empty; SLURM_STEP_GRES=none where it was submitted, or GRES with no device files?): not starting a container that would see every GPU of the node" >&2
+        return 1
+    fi
+}
+# shellcheck disable=SC2016  # "$@" is expanded by the bash on each node
+on_hosts bash -c "$(declare -f _fc_own_gpus)"'; _fc_own_gpus && exec "$@"' own_gpus "$_fc_runtime" run --detach --rm --name="$_fc_container_name" \
     --env=ROCR_VISIBLE_DEVICES --device=/dev/kfd --device=/dev/dri \
     --ipc=host --network=host --ulimit=memlock=-1 --ulimit=stack=67108864 \
     --volume=/mnt/mlperf/flux1/energon:/data:ro \

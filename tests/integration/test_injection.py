@@ -167,6 +167,8 @@ def test_the_reserved_names_come_from_the_templates() -> None:
         assert expected in names
     # PATH and LD_LIBRARY_PATH: only from paths.extra_path / paths.extra_library_path
     allowed = ("HOME", "IFS", "PATH", "LD_LIBRARY_PATH")
+    # what a docker/podman container sees of the node's GPUs: Slurm's step, never the config, decides
+    allowed += ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
     assert all(n.startswith(("_fc_", "FLUX_", "SLURM_", "MASTER_")) or n in allowed for n in names)
     assert env_name_problem("NCCL_DEBUG") is None and env_name_problem("HF_HOME") is None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import stand_ins
 
-from flux_cluster.config import load_system
+from flux_cluster.config import SystemConfig, load_system
 
 
 @pytest.fixture
@@ -132,40 +132,132 @@ def test_docker_relays_the_batch_signal_into_the_containers(tmp_path: Path, bin_
     assert len(removed) == 2, "a stale container is removed before the start, and ours at the end"
 
 
-@pytest.mark.parametrize(
-    ("system", "sets", "visible"),
-    [
-        ("mi300x8", [], "ROCR_VISIBLE_DEVICES"),
-        ("dgx_h100x8", ["container.runtime=docker"], "CUDA_VISIBLE_DEVICES"),
-        ("dgx_h100x8", ["container.runtime=podman"], "CUDA_VISIBLE_DEVICES"),
-    ],
+# A stand-in for the node's nvidia-smi: `nvidia-smi -L` prints $SMI_LIST and exits with $SMI_EXIT.
+NVIDIA_SMI = """#!/bin/bash
+[[ $* == -L ]] || exit 64
+printf '%s' "${SMI_LIST:-}"
+exit "${SMI_EXIT:-0}"
+"""
+H100 = "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i}a6b6f2e-1b2c-4d5e-8f90-a1b2c3d4e5f6)\n"
+UUID = "GPU-{i}a6b6f2e-1b2c-4d5e-8f90-a1b2c3d4e5f6"
+TWO_GPUS = H100.format(i=0) + H100.format(i=1)  # the step's two GPUs, behind a device cgroup
+FOUR_GPUS = "".join(H100.format(i=i) for i in range(4))  # every GPU of a node without one
+MIG = (  # a MIG slice Slurm gave the step, under its GPU
+    "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)\n"
+    "  MIG 1g.5gb      Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)\n"
 )
-def test_a_container_sees_only_the_gpus_slurm_gave_the_one_gpu_evaluate_job(
-    tmp_path: Path, bin_dir: Path, system: str, sets: list[str], visible: str
-) -> None:
-    """The container's start, as srun runs it on a node: the step's SLURM_STEP_GPUS (global ids) become
-    the container's visible devices (docker/podman --env=NAME takes the value from their own
-    environment), never Slurm's cgroup-relative CUDA_VISIBLE_DEVICES; with no GRES, every GPU."""
-    import os
-    import subprocess
+HOSTILE = "GPU 0: x (UUID: GPU-$(touch pwned))\nGPU 1: y (UUID: GPU-a,GPU-b)\n"  # never a UUID
+NO_ANSWER = ("", 9)  # nvidia-smi failed (or is missing)
+REFUSED = "the job asked Slurm for GPUs, but this step names none"
 
-    from flux_cluster.launch.evaluate_jobs import evaluate_slurm_system
 
-    config = evaluate_slurm_system(load_system(system, sets, environ={}).config, ())
-    case = case_dir(tmp_path, "gpus")
+def _without_gres(config: SystemConfig) -> SystemConfig:
+    return config.model_copy(update={"slurm": config.slurm.model_copy(update={"gres_gpus": False})})
+
+
+def _start_on_each_node(config: SystemConfig, case: Path, bin_dir: Path) -> list[str]:
+    """What srun runs on each node to start the container (the rendered evaluate job, run with stand-ins)."""
     code, output = stand_ins.run(stand_ins.render_case(config, case, job="evaluate"), bin_dir)
     assert code == 0, output
     (start,) = [c["argv"] for c in stand_ins.calls(case) if "run" in c["argv"] and "--detach" in c["argv"]]
-    assert start[0] == "srun" and f"--env={visible}" in start
-    on_node = start[start.index("bash") :]  # what srun runs on each node
-    runtime = config.container.runtime
-    for step_gpus, seen in (("3", "3"), ("", None)):
-        (case / "record.jsonl").unlink()
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RECORD_FILE": str(case / "record.jsonl")}
-        env |= {"PROBE_VAR_NAME": visible, visible: "0", "SLURM_STEP_GPUS": step_gpus}
-        subprocess.run(on_node, env={**os.environ, **env}, check=True)
-        (call,) = [c for c in stand_ins.calls(case) if c["argv"][:2] == [runtime, "run"]]
-        assert call["probe"] == seen, (step_gpus, call)
+    assert start[0] == "srun"
+    return start[start.index("bash") :]
+
+
+def _container_sees(
+    on_node: list[str], case: Path, bin_dir: Path, step_gpus: str, smi: tuple[str, int], names: list[str]
+) -> tuple[int, str, list[str | None]]:
+    """Run the start on a node whose step has SLURM_STEP_GPUS and whose nvidia-smi says smi: (its exit code,
+    its stderr, each of names as the container gets it from docker/podman's --env=NAME; [] if none started).
+    Slurm's cgroup-relative CUDA_VISIBLE_DEVICES and a user's CUDA_DEVICE_ORDER are set before."""
+    import subprocess
+
+    seen: list[str | None] = []
+    for name in names:
+        (case / "record.jsonl").unlink(missing_ok=True)
+        env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "HOME": str(case),
+            "RECORD_FILE": str(case / "record.jsonl"),
+        }
+        env |= {
+            "PROBE_VAR_NAME": name,
+            "SLURM_STEP_GPUS": step_gpus,
+            "SMI_LIST": smi[0],
+            "SMI_EXIT": str(smi[1]),
+        }
+        env |= {
+            "CUDA_VISIBLE_DEVICES": "0",
+            "ROCR_VISIBLE_DEVICES": "0",
+            "CUDA_DEVICE_ORDER": "FASTEST_FIRST",
+        }
+        done = subprocess.run(on_node, env=env, cwd=case, capture_output=True, text=True, timeout=60)
+        started = [c for c in stand_ins.calls(case) if c["argv"][1:2] == ["run"]]
+        if done.returncode != 0:
+            assert started == []
+            return done.returncode, done.stderr, []
+        (call,) = started
+        seen.append(call["probe"])
+    return 0, "", seen
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_an_nvidia_container_sees_the_gpus_its_step_can_open_by_uuid(
+    tmp_path: Path, bin_dir: Path, runtime: str
+) -> None:
+    """docker/podman on NVIDIA: the container gets the UUIDs of the GPUs nvidia-smi lists in the step (a
+    device cgroup hides the others; a MIG slice in place of its GPU) when they are as many as Slurm names,
+    or when Slurm names none; else (no cgroup, or no answer) Slurm's indices in PCI bus order. A job that
+    asked for GPUs never gets every GPU of the node: no GPU named and none listed is one line, exit 1."""
+    (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    config = load_system("dgx_h100x8", [f"container.runtime={runtime}"], environ={}).config
+    from flux_cluster.launch.evaluate_jobs import evaluate_slurm_system
+
+    case = case_dir(tmp_path, "nvidia")
+    on_node = _start_on_each_node(evaluate_slurm_system(config, ()), case, bin_dir)
+    assert {"--env=CUDA_VISIBLE_DEVICES", "--env=CUDA_DEVICE_ORDER"} <= set(on_node)
+    names = ["CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"]
+    both = f"{UUID.format(i=0)},{UUID.format(i=1)}"
+    for step_gpus, smi, expected in [
+        ("0,1", (TWO_GPUS, 0), [both, None]),  # the step's own two, whatever their PCI order
+        ("3", (MIG, 0), ["MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f", None]),
+        ("", (TWO_GPUS, 0), [both, None]),  # Slurm names none, the cgroup shows two: those
+        ("0,1", (FOUR_GPUS, 0), ["0,1", "PCI_BUS_ID"]),  # no cgroup: Slurm's indices
+        ("0,1", NO_ANSWER, ["0,1", "PCI_BUS_ID"]),
+        ("2", (HOSTILE, 0), ["2", "PCI_BUS_ID"]),
+    ]:
+        assert _container_sees(on_node, case, bin_dir, step_gpus, smi, names) == (0, "", expected), step_gpus
+    assert not (case / "pwned").exists()
+    code, stderr, seen = _container_sees(on_node, case, bin_dir, "", NO_ANSWER, names)
+    assert code == 1 and seen == [] and stderr.count("\n") == 1 and REFUSED in stderr, stderr
+
+    no_gres = evaluate_slurm_system(_without_gres(config), ())
+    case = case_dir(tmp_path, "no-gres")
+    on_node = _start_on_each_node(no_gres, case, bin_dir)
+    assert _container_sees(on_node, case, bin_dir, "", NO_ANSWER, names) == (0, "", [None, None])  # every GPU
+
+
+def test_an_amd_container_sees_slurms_gpus_and_never_every_gpu_of_a_job_that_asked_for_some(
+    tmp_path: Path, bin_dir: Path
+) -> None:
+    """docker on AMD: the step's SLURM_STEP_GPUS become ROCR_VISIBLE_DEVICES (rocm-smi cannot say which
+    GPUs a step may open); none named is one line for a job that asked for GPUs, every GPU for one that
+    did not (slurm.gres_gpus false)."""
+    from flux_cluster.launch.evaluate_jobs import evaluate_slurm_system
+
+    config = load_system("mi300x8", [], environ={}).config
+    case = case_dir(tmp_path, "amd")
+    on_node = _start_on_each_node(evaluate_slurm_system(config, ()), case, bin_dir)
+    assert "--env=ROCR_VISIBLE_DEVICES" in on_node
+    names = ["ROCR_VISIBLE_DEVICES"]
+    assert _container_sees(on_node, case, bin_dir, "0,1", NO_ANSWER, names) == (0, "", ["0,1"])
+    assert _container_sees(on_node, case, bin_dir, "5", NO_ANSWER, names) == (0, "", ["5"])
+    code, stderr, _ = _container_sees(on_node, case, bin_dir, "", NO_ANSWER, names)
+    assert code == 1 and stderr.count("\n") == 1 and REFUSED in stderr and "nvidia-smi" not in stderr
+    case = case_dir(tmp_path, "no-gres")
+    on_node = _start_on_each_node(evaluate_slurm_system(_without_gres(config), ()), case, bin_dir)
+    assert _container_sees(on_node, case, bin_dir, "", NO_ANSWER, names) == (0, "", [None])
 
 
 def test_a_log_that_fails_the_compliance_check_fails_the_job(tmp_path: Path, bin_dir: Path) -> None:

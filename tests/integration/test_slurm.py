@@ -155,6 +155,34 @@ def test_dependency_waits_for_the_first_job(cli: CliRunner, workdir: Path) -> No
     assert start_second >= end_first
 
 
+def test_the_dependency_forms_taken_are_those_slurmctld_takes() -> None:
+    """check_dependency against the real slurmctld: each form it takes is queued (a bare id, ID_*, type
+    names in any case, a bare id after the typed parts); the bare-id orders it refuses, sbatch refuses."""
+    from flux_cluster.errors import FluxClusterError
+    from flux_cluster.launch.plan import check_dependency
+
+    def sbatch(*args: str) -> subprocess.CompletedProcess[str]:
+        command = ["sbatch", "--parsable", "--hold", "--partition=debug", "--job-name=dep", *args]
+        return subprocess.run([*command, "--wrap", "true"], capture_output=True, text=True, timeout=60)
+
+    job, array = sbatch().stdout.strip(), sbatch("--array=0-1").stdout.strip()
+    taken = ["{j}", "{a}_*", "{j},{a}_1", "afterok:{a}_*", "AfterOK:{j}", "SINGLETON", "afterok:{j}?{a}"]
+    taken += ["singleton?{j}", "afterok:{j},{a},singleton", "after:{j}+5:{a}", "afterany:{j}?afterok:{a}_1"]
+    refused = ["{j}?{a}", "{j},afterok:{a}", "{j}?singleton", "afterok:{a}_0?{j}?{a}_1", "{j}_*?{a}_*"]
+    try:
+        for form in (f.format(j=job, a=array) for f in taken):
+            check_dependency(form)
+            queued = sbatch(f"--dependency={form}")
+            assert queued.returncode == 0, (form, queued.stderr)
+            subprocess.run(["scancel", queued.stdout.strip()], check=True)
+        for form in (f.format(j=job, a=array) for f in refused):
+            with pytest.raises(FluxClusterError):
+                check_dependency(form)
+            assert sbatch(f"--dependency={form}").returncode != 0, form
+    finally:
+        subprocess.run(["scancel", job, array], check=False)
+
+
 def test_logs_follow_returns_when_the_job_ends(cli: CliRunner, workdir: Path) -> None:
     run_dir, _ = launch(cli, "preflight", "--soak-seconds", "4", *ONE_NODE)
     result = cli.invoke(app, ["logs", str(run_dir), "--follow"])

@@ -179,8 +179,9 @@ def test_points_sharing_a_node_count_run_as_one_throttled_array_through_slurm(
 def test_arrays_chain_within_max_parallel_and_respect_the_dependency_through_slurm(workdir: Path) -> None:
     """Nothing runs: every job waits for a held one. Node counts 1 and 2 x a good and a missing partition:
     the good points go out as two arrays, the second after the first (--max-parallel 1 across arrays too),
-    both after --dependency; sbatch refuses the other two, which take no place in the chain and are not
-    counted as queued. On --resume the retried points wait for the arrays still queued."""
+    both after --dependency (a bare job id: afterany, joined after the sweep's own waits); sbatch refuses
+    the other two, which take no place in the chain and are not counted as queued. On --resume the retried
+    points wait for the arrays still queued."""
     held = subprocess.run(
         ["sbatch", "--parsable", "--hold", "--partition=debug", "--wrap", "true"],
         capture_output=True,
@@ -190,16 +191,17 @@ def test_arrays_chain_within_max_parallel_and_respect_the_dependency_through_slu
     grid = {"nodes": ["1", "2"], "slurm.partition": ["debug", "nosuch"]}
     console = Console(file=io.StringIO(), width=300)
     request = SweepRequest("local_slurm", grid, synthetic=True, max_parallel=1, name="chain")
+    folder = None
     try:
-        folder = start_sweep(replace(request, dependency=f"afterok:{held}"), console)
+        folder = start_sweep(replace(request, dependency=held), console)
         state = SweepState.load(folder)
         assert [p.status for p in state.points] == ["running", "failed", "running", "failed"]
         assert all("sbatch refused the job" in (state.points[i].error or "") for i in (1, 3))
         assert state.points[1].run_dir is None and state.points[3].run_dir is None  # their folders removed
         assert len(list((folder / "arrays").iterdir())) == 2 and len(list_runs(folder.parent)) == 2
         first, second = (state.points[i].job_ids[0].split("_")[0] for i in (0, 2))
-        assert _dependency(first) == f"afterok:{held}(unfulfilled)"
-        assert _dependency(second) == f"afterok:{held}(unfulfilled),afterany:{first}_*(unfulfilled)"
+        assert _dependency(first) == f"afterany:{held}(unfulfilled)"
+        assert _dependency(second) == f"afterany:{first}_*(unfulfilled),afterany:{held}(unfulfilled)"
         assert "2 points queued as 2 Slurm array(s), at most 1 at once; 2 failed to queue" in (
             console.file.getvalue()  # type: ignore[attr-defined]
         )
@@ -215,7 +217,8 @@ def test_arrays_chain_within_max_parallel_and_respect_the_dependency_through_slu
         assert _dependency(third) == f"afterany:{first}_*(unfulfilled),afterany:{second}_*(unfulfilled)"
         assert _dependency(fourth) == f"afterany:{third}_*(unfulfilled)"
     finally:  # the latest first: a cancelled array would let the next one start
-        queued = [p.job_ids[0].split("_")[0] for p in SweepState.load(folder).points if p.job_ids]
+        points = SweepState.load(folder).points if folder else []  # start_sweep may have raised
+        queued = [p.job_ids[0].split("_")[0] for p in points if p.job_ids]
         subprocess.run(["scancel", *sorted(queued, key=int, reverse=True), held], check=False)
     ids = [p.job_ids[0] for p in state.points]
     assert {final.split()[0] for final in slurm.wait_until_final(ids).values()} == {"CANCELLED"}

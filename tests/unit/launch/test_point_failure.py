@@ -51,3 +51,27 @@ def test_a_log_linked_out_of_the_sweep_is_not_read(tmp_path: Path) -> None:
     stderr = slurm.log_path(JOB, slurm_dir(run), stderr=True)
     stderr.symlink_to(secret)  # not into arrays/: refused, as `logs` refuses it
     assert _failure(run, STATES) == ("failed", "error: what the array task said")
+
+
+def test_a_log_link_that_loops_is_no_log(tmp_path: Path) -> None:
+    """A point's log links that loop (or a loop on the way into arrays/) are read as no log: the point's
+    reason comes from its other log, and `logs` says in one line that the file is not one it reads."""
+    import io
+
+    import pytest
+
+    from flux_cluster.errors import FluxClusterError
+    from flux_cluster.launch.track import stream_logs
+
+    run, output = _point(tmp_path / "sweep")
+    output.write_text("error: what the array task said\n")
+    stderr = slurm.log_path(JOB, slurm_dir(run), stderr=True)
+    loop = stderr.with_name("loop")
+    stderr.symlink_to(loop.name)
+    loop.symlink_to(stderr.name)
+    assert _failure(run, STATES) == ("failed", "error: what the array task said")
+    record = RunRecord.load(run)
+    assert record is not None
+    with pytest.raises(FluxClusterError) as refused:
+        stream_logs(run, record, io.StringIO().write, stderr=True)
+    assert "\n" not in str(refused.value) and "Symlink loop" not in str(refused.value)

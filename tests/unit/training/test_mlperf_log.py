@@ -199,3 +199,34 @@ def test_the_compliance_step_labels_a_non_conforming_run(
     details = f"(details: {tmp_path / 'c2.log'})"
     assert code == 1
     assert line == f"error: result_2.txt (non-conforming) failed the MLPerf 6.1.0 compliance check {details}"
+
+
+def test_a_job_script_from_before_the_move_still_runs_the_compliance_step(tmp_path: Path) -> None:
+    """Job scripts rendered before the step moved to flux_cluster.jobs.compliance (a job requeued after an
+    upgrade reruns its old script) run `python -m flux_cluster.mlperf_rules check ...`: the same step runs,
+    with its line, its log and its exit code; anything else there is one line, exit 2."""
+    import subprocess
+    import sys
+
+    from flux_cluster.launch.plan import COMPLIANCE_MODULE
+
+    def old_step(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "flux_cluster.mlperf_rules", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    good, broken = tmp_path / "result_0.txt", tmp_path / "result_1.txt"
+    write_run(good, "6.1.0")
+    broken.write_text(
+        "".join(x for x in good.read_text().splitlines(True) if "opt_base_learning_rate" not in x)
+    )
+    done = old_step("check", "--ruleset", "6.1.0", "--log-output", str(tmp_path / "c0.log"), str(good))
+    assert (done.returncode, done.stdout) == (0, "result_0.txt passed the MLPerf 6.1.0 compliance check\n")
+    assert "SUCCESS" in (tmp_path / "c0.log").read_text()
+    done = old_step("check", "--ruleset", "6.1.0", "--log-output", str(tmp_path / "c1.log"), str(broken))
+    assert (
+        done.returncode == 1 and "error: result_1.txt failed the MLPerf 6.1.0 compliance check" in done.stderr
+    )
+    assert "FAILED" in (tmp_path / "c1.log").read_text()
+    done = old_step("verify", str(good))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and COMPLIANCE_MODULE in done.stderr
+    assert COMPLIANCE_MODULE == "flux_cluster.jobs.compliance"
