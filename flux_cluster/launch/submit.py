@@ -159,12 +159,12 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
             config = with_training_data(
                 config, make=not request.dry_run, console=console, data=not request.synthetic
             )
-        plan = resolve_training(config).model_copy(update={"micro_batch_auto": micro_batch_auto})
+        resolved_plan = resolve_training(config).model_copy(update={"micro_batch_auto": micro_batch_auto})
         if request.job == "train":  # a throughput job measures the batch as configured
-            config, plan = fit_train_batch(config, plan, resolved)
-            if plan.batch_fit is not None:
-                console.print(plan.batch_fit.describe(), markup=False, highlight=False, soft_wrap=True)
-        training = plan.model_dump(mode="json")
+            config, resolved_plan = fit_train_batch(config, resolved_plan, resolved)
+            if (fit := resolved_plan.batch_fit) is not None:
+                console.print(fit.describe(), markup=False, highlight=False, soft_wrap=True)
+        training = resolved_plan.model_dump(mode="json")
 
     run_dir = create_run_dir(root, experiment, request.run_name or config.name)
     plan = make_plan(

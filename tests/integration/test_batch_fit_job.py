@@ -61,12 +61,10 @@ def test_the_hf_workload_fits_a_default_batch_to_its_loaded_split_and_names_valu
 ) -> None:
     write_tiny_hf(workdir / "bert", kind="bert")
     synthesize_hf(workdir / "text", "text-classification", train=10, val=4)
+    hf = {"model": workdir / "bert", "task": "text-classification", "data": workdir / "text", "seq_len": 16}
     sets = [
         "train.benchmark=hf",
-        f"hf.model={workdir / 'bert'}",
-        "hf.task=text-classification",
-        f"hf.data={workdir / 'text'}",
-        "hf.seq_len=16",
+        *(f"hf.{k}={v}" for k, v in hf.items()),
         "train.parallel=dp",
         "train.epochs=1",
     ]
