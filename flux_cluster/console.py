@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from flux_cluster.safe_text import NUMBER
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Column, Table
@@ -13,7 +15,7 @@ if TYPE_CHECKING:
 WHOLE_WORD = 12
 """A word up to this long (a number, a status, a short name) never breaks in a terminal table; a longer one
 (a path) may fold over lines. A number never breaks, however long."""
-_NUMBER = re.compile(r"[-+]?[\d.,_]*\d[\d.,_]*(e[-+]?\d+)?[%x*]?")
+_NUMBER = re.compile(rf"{NUMBER}[%x*]?")
 
 
 def cli_console(stderr: bool = False) -> "Console":
@@ -39,6 +41,7 @@ def print_table(
 
     title, table.title = table.title, None
     columns = list(table.columns)
+    settings = [(c.width, c.no_wrap, c.overflow) for c in columns]
     try:
         if title is not None:
             heading = title if isinstance(title, Text) else out.render_str(str(title))  # markup, as rich
@@ -56,11 +59,12 @@ def print_table(
                 )
             return
         _print_whole(out, table)
-    finally:
+    finally:  # the table as it came: it may be printed again (to another console, at another width)
         table.title = title
         table.columns[:] = columns
-        for index, column in enumerate(columns):
+        for index, (column, (width, no_wrap, overflow)) in enumerate(zip(columns, settings, strict=True)):
             column._index = index
+            column.width, column.no_wrap, column.overflow = width, no_wrap, overflow
 
 
 def _print_whole(out: "Console", table: "Table") -> None:
@@ -114,31 +118,36 @@ def _overhead(table: "Table", count: int) -> int:
 
 
 def _fit_to_width(out: "Console", table: "Table", priority: Sequence[str]) -> list[str]:
-    """Fixed widths for table's columns that fit out's width; the headers of the columns left out."""
+    """Fixed widths for table's columns that fit out's width; the headers of the columns left out.
+    Columns are told apart by their place (two may hold the same header and cells)."""
     columns = list(table.columns)
-    headers = [_texts(out, table, c)[0] if table.show_header else str(c._index) for c in columns]
-    ranges = {id(c): _widths(out, table, c) for c in columns}
-    ranked = [h for h in priority if h in headers]
+    places = range(len(columns))
+    headers = [_texts(out, table, c)[0] if table.show_header else str(i) for i, c in enumerate(columns)]
+    ranges = [_widths(out, table, c) for c in columns]
+    rank: dict[str, int] = {}
+    for n, header in enumerate(priority):
+        rank.setdefault(header, n)
     # least important first: unranked columns from the right, then the ranked ones from the last
-    order = [c for c in reversed(columns) if headers[columns.index(c)] not in ranked]
-    order += [columns[headers.index(h)] for h in reversed(ranked)]
-    kept = list(columns)
-    while len(kept) > 1 and sum(ranges[id(c)][0] for c in kept) + _overhead(table, len(kept)) > out.width:
+    order = [i for i in reversed(places) if headers[i] not in rank]
+    order += sorted((i for i in places if headers[i] in rank), key=lambda i: (rank[headers[i]], i))[::-1]
+    kept = list(places)
+    while len(kept) > 1 and sum(ranges[i][0] for i in kept) + _overhead(table, len(kept)) > out.width:
         kept.remove(order.pop(0))
-    widths = {id(c): ranges[id(c)][0] for c in kept}
+    widths = {i: ranges[i][0] for i in kept}
     spare = out.width - _overhead(table, len(kept)) - sum(widths.values())
-    growing = [c for c in kept if widths[id(c)] < ranges[id(c)][1]]
+    growing = [i for i in kept if widths[i] < ranges[i][1]]
     while spare > 0 and growing:  # a character each in turn: headers unwrap, long text unfolds
-        for column in list(growing):
+        for i in list(growing):
             if spare == 0:
                 break
-            widths[id(column)] += 1
+            widths[i] += 1
             spare -= 1
-            if widths[id(column)] >= ranges[id(column)][1]:
-                growing.remove(column)
-    table.columns[:] = kept
-    for index, column in enumerate(kept):
-        column._index = index  # rich pads a column by its place (print_table restores both)
-        column.width = widths[id(column)]
+            if widths[i] >= ranges[i][1]:
+                growing.remove(i)
+    table.columns[:] = [columns[i] for i in kept]
+    for place, i in enumerate(kept):
+        column = columns[i]
+        column._index = place  # rich pads a column by its place (print_table restores both)
+        column.width = widths[i]
         column.no_wrap, column.overflow = False, "fold"  # at least each number's width: only text folds
-    return [headers[columns.index(c)] for c in columns if c not in kept]
+    return [headers[i] for i in places if i not in kept]

@@ -43,7 +43,11 @@ def markup_escape(text: str) -> str:
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+NUMBER = r"[-+]?(?:\d+(?:[,_]\d+)*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+"""One number as flux-cluster writes one: a sign, digits (',' or '_' between groups), decimals, an
+exponent ('-1,234.5', '3e-05'). A CSV cell that is one stays a number; a terminal table never breaks one
+(console.py, which also allows a unit: '12%', '1.16x')."""
+_NUMBER = re.compile(NUMBER)
 
 
 def csv_cell(value: object) -> object:

@@ -51,11 +51,8 @@ class Point:
     """Why a failed or oom point ended, in one line."""
     derived: list[str] = field(default_factory=list)
     """--set values the sweep chose for this point, after the grid's: a throughput sweep's one-step
-    global batch (train.global_batch_size = micro_batch_size x ranks) when no global batch is given."""
-
-    @property
-    def overrides(self) -> list[str]:
-        return [*(f"{key}={value}" for key, value in self.values.items()), *self.derived]
+    global batch (train.global_batch_size = micro_batch_size x ranks) when no global batch is given. Not
+    the user's choice (launch/sweep_plan.point_overrides)."""
 
     @property
     def label(self) -> str:

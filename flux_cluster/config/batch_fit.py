@@ -1,11 +1,14 @@
-"""A fine-tuning run's global batch against its train split, at submit (and again at the job's start).
+"""A fine-tuning run's global batch against its train split: at submit where this host reads the split,
+else at the job's start (the same function, the same line in the job's log).
 
 An epoch is at least one optimizer step, so the train split must hold one global batch. A small folder
-(seed 004's users bring 10-20 edit pairs) holds less than a system's default batch (``local``: 16): where
-the batch is not the user's choice for this run, the run takes the largest that the split holds, saying
-so in one line; where it is (``--set``, a sweep's grid or the system's ``benchmarks.<workload>:`` section),
-one line names values that work. The flux1 workload never comes here: its batch is part of the
-benchmark. No torch here.
+(seed 004's users bring 10-20 edit pairs) holds less than a system's default batch (``local``: 16).
+Where the batch is the system's default (its ``train:`` section, a site's own system file included, or
+the workload's one micro-batch per rank), the train job takes the largest batch the split holds
+(largest_batch), saying so in one line; where the run chose it (``--set``, a sweep's grid, the system's
+``benchmarks.<workload>:`` section), one line states the largest global batch the split holds and names
+values that work. A throughput job measures the batch as configured and is never fitted; the flux1
+workload never comes here (its batch is part of the benchmark). No torch here.
 """
 
 from pydantic import BaseModel, ConfigDict
@@ -21,7 +24,7 @@ class BatchFit(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     train_samples: int
-    """Samples in the train split (its Energon metadata)."""
+    """Samples in the train split (its Energon metadata, or the hf workload's loaded split)."""
     ranks: int
     configured_global: int
     """The global batch the system's train section (or its default) gave."""
@@ -40,29 +43,33 @@ class BatchFit(BaseModel):
         )
 
 
-def largest_batch(train_samples: int, ranks: int, micro_batch: int) -> tuple[int, int] | None:
-    """(global batch, micro-batch) the split holds: the micro-batch kept where one of each rank fits (the
-    most micro-batch x ranks steps the split holds: memory was sized for it), else each rank's whole share
-    as one micro-batch; None when the split has fewer samples than ranks."""
-    share = train_samples // ranks
-    if share < 1:
-        return None
-    if micro_batch <= share:
-        step = micro_batch * ranks
-        return train_samples // step * step, micro_batch
-    return share * ranks, share
+def largest_batch(
+    train_samples: int, ranks: int, micro_batch: int, accumulation: int = 1
+) -> tuple[int, int] | None:
+    """(global batch, micro-batch) a default batch is fitted to: the largest global batch up to
+    train_samples that splits as micro-batch x ranks x steps with a micro-batch of at most micro_batch
+    (memory was sized for it) and at most ``accumulation`` steps (the configured batch's: none unless it
+    had some, so never micro-batch 1 x 11 steps); among equal global batches, the largest micro-batch.
+    None when the split has fewer samples than ranks."""
+    best: tuple[int, int] | None = None
+    for micro in range(min(micro_batch, train_samples // ranks), 0, -1):
+        steps = min(accumulation, train_samples // (micro * ranks))
+        if best is None or micro * ranks * steps > best[0]:
+            best = (micro * ranks * steps, micro)
+    return best
 
 
 def fit_batch(
     train_samples: int, ranks: int, global_batch: int, micro_batch: int, chosen: str | None
 ) -> BatchFit | None:
     """None where the split holds one global batch; else the batch to take instead (chosen None: the
-    configured batch is a default), or one line naming values that work (chosen: where the user set it,
-    e.g. '--set')."""
+    configured batch is the system's default), or, where the run chose it (chosen: where, e.g. '--set'),
+    one line stating the largest global batch the split holds and values that work."""
     if train_samples >= global_batch:
         return None
     split = f"the train split has {train_samples} samples"
-    fit = largest_batch(train_samples, ranks, micro_batch)
+    accumulation = global_batch // (micro_batch * ranks)
+    fit = largest_batch(train_samples, ranks, micro_batch, accumulation)
     if fit is None:
         raise FluxClusterError(
             f"train.global_batch_size: {split}, fewer than the {ranks} ranks (each takes at least one a "
@@ -72,8 +79,7 @@ def fit_batch(
         raise FluxClusterError(
             f"train.global_batch_size: {split}, fewer than one global batch ({global_batch} = micro-batch "
             f"{micro_batch} x {ranks} ranks{_steps(global_batch, micro_batch, ranks)}, from {chosen}): "
-            f"set at most {fit[0]}, e.g. --set train.micro_batch_size={fit[1]} "
-            f"--set train.global_batch_size={fit[0]}"
+            f"{_what_works(train_samples, ranks, micro_batch)}"
         )
     return BatchFit(
         train_samples=train_samples,
@@ -83,6 +89,25 @@ def fit_batch(
         global_batch=fit[0],
         micro_batch=fit[1],
     )
+
+
+def _what_works(train_samples: int, ranks: int, micro_batch: int) -> str:
+    """The largest global batch the split holds (a multiple of the ranks: one micro-batch per rank of
+    each rank's share), and the largest that keeps the run's micro-batch where one per rank fits."""
+    share = train_samples // ranks
+    most = share * ranks
+    text = (
+        f"set at most {most} (micro-batch x {ranks} ranks x accumulation steps), e.g. "
+        f"--set train.micro_batch_size={share} --set train.global_batch_size={most}"
+    )
+    step = micro_batch * ranks
+    kept = train_samples // step * step
+    if 0 < kept < most:
+        text += (
+            f"; keeping micro-batch {micro_batch}: --set train.micro_batch_size={micro_batch} "
+            f"--set train.global_batch_size={kept}"
+        )
+    return text
 
 
 def _steps(global_batch: int, micro_batch: int, ranks: int) -> str:

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -151,26 +151,41 @@ ConfigLoader.add_implicit_resolver(
 )
 
 
+class Override(NamedTuple):
+    """One override as load_system takes it (a plain 'KEY=VALUE' string is Override(text))."""
+
+    text: str
+    """'KEY=VALUE'; a mapping value ('train={mode: lora}') replaces everything below KEY."""
+    origin: str = "--set"
+    """Where it came from, as errors and 'systems show' name it."""
+    chosen: bool = True
+    """The user's choice for the run; False: a value flux-cluster derived for it (a throughput sweep's
+    one-step batch), which ResolvedSystem.chosen leaves out."""
+
+
+class _RunChoice(str):
+    """The flag on a source whose keys are the run's own choice (ResolvedSystem.chosen): an override the
+    user gave, or the system's ``benchmarks.<workload>:`` section. Only load_system sees it."""
+
+
 @dataclass(frozen=True)
 class ResolvedSystem:
     config: SystemConfig
     sources: dict[str, str]
     """Dotted key -> where its value came from."""
     file: Path
-    overridden: frozenset[str] = frozenset()
-    """The keys an override set (--set, a sweep's grid)."""
+    chosen: frozenset[str] = frozenset()
+    """The keys this run chose: set by an override the user gave (--set, a sweep's grid; a mapping sets
+    the keys it holds) or by the system's ``benchmarks.<workload>:`` section. Not the system's ``train:``
+    section (a site's own system file included: its values are that system's defaults), nor a value a
+    sweep derived (Override.chosen False)."""
 
     def source_of(self, key: str) -> str:
         return self.sources.get(key, "default")
 
     def chosen_for_run(self, key: str) -> str | None:
-        """Where this run's own choice of key came from (an override, or the system's
-        ``benchmarks.<workload>:`` section); None for the system's train section or a default."""
-        for name in (key, *_parents(key)):  # '--set train={...}' sets every key below train
-            source = self.sources.get(name)
-            if source is not None:
-                return source if name in self.overridden or "(benchmarks." in source else None
-        return None
+        """Where this run's own choice of key came from; None where the value is the system's default."""
+        return self.sources[key] if key in self.chosen else None
 
 
 def search_dirs() -> list[Path]:
@@ -389,7 +404,7 @@ def _select_benchmark(leaves: dict[str, Any], sources: dict[str, str], benchmark
                 f"(workloads: {', '.join(sorted(known))})"
             )
         if parts[1] == benchmark:
-            chosen[f"train.{parts[2]}"] = (value, f"{source} (benchmarks.{benchmark})")
+            chosen[f"train.{parts[2]}"] = (value, _RunChoice(f"{source} (benchmarks.{benchmark})"))
     _merge(leaves, sources, {k: v for k, (v, _) in chosen.items()}, {k: o for k, (_, o) in chosen.items()})
 
 
@@ -512,11 +527,14 @@ def _parents(key: str) -> list[str]:
 
 
 def load_system(
-    name: str, overrides: Sequence[str | tuple[str, str]] = (), environ: Mapping[str, str] | None = None
+    name: str,
+    overrides: Sequence[str | tuple[str, str] | Override] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> ResolvedSystem:
     """Resolve a system by name (or YAML path): extends chain, ${VAR} expansion, overrides.
 
-    An override is 'KEY=VALUE' (recorded as coming from --set) or ('KEY=VALUE', 'its origin').
+    An override is 'KEY=VALUE' (recorded as coming from --set), ('KEY=VALUE', 'its origin') or an
+    Override.
     """
     environ = os.environ if environ is None else environ
     path = _find_file(name)
@@ -524,16 +542,17 @@ def load_system(
     _interpolate(leaves, sources, environ)
     parsed = []
     for override in overrides:
-        text, origin = (override, "--set") if isinstance(override, str) else override
-        parsed.append((*_parse_override(text, origin), origin))
+        item = Override(override) if isinstance(override, str) else Override(*override)
+        origin = _RunChoice(item.origin) if item.chosen else item.origin
+        parsed.append((*_parse_override(item.text, item.origin), origin))
     for key, value, origin in parsed:  # a workload's section first: --set benchmarks.flux1.x=... works too
         if key.split(".")[0] == "benchmarks":
-            _merge(leaves, sources, {key: value}, {key: origin})
+            _merge_override(leaves, sources, key, value, origin)
     benchmark = next((v for k, v, _ in reversed(parsed) if k == "train.benchmark"), None)
     _select_benchmark(leaves, sources, leaves.get("train.benchmark") if benchmark is None else benchmark)
     for key, value, origin in parsed:
         if key.split(".")[0] != "benchmarks":
-            _merge(leaves, sources, {key: value}, {key: origin})
+            _merge_override(leaves, sources, key, value, origin)
     _check_text(leaves, sources)
     leaves.setdefault("name", path.stem)
     sources.setdefault("name", _display(path))
@@ -542,8 +561,18 @@ def load_system(
         config = SystemConfig.model_validate(tree)
     except ValidationError as exc:
         raise FluxClusterError(_explain(exc.errors()[0], tree, sources, path)) from None
-    overridden = frozenset(key for key, _, _ in parsed)
-    return ResolvedSystem(config=config, sources=sources, file=path, overridden=overridden)
+    chosen = frozenset(key for key, source in sources.items() if isinstance(source, _RunChoice))
+    plain = {key: str(source) for key, source in sources.items()}
+    return ResolvedSystem(config=config, sources=plain, file=path, chosen=chosen)
+
+
+def _merge_override(leaves: dict, sources: dict, key: str, value: Any, origin: str) -> None:
+    """An override replaces key and everything below it; a mapping's values then become leaves of their
+    own, as a file's do, so each remembers where it came from ('train={mode: lora}' sets train.mode)."""
+    _merge(leaves, sources, {key: value}, {key: origin})
+    flat = _flatten({key: value})
+    if list(flat) != [key]:
+        _merge(leaves, sources, flat, dict.fromkeys(flat, origin))
 
 
 def flat_view(resolved: ResolvedSystem) -> list[tuple[str, Any, str]]:

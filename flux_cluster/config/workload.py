@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from flux_cluster.config.batch_fit import BatchFit
+from flux_cluster.config.batch_fit import BatchFit, fit_batch
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.config.training import FluxPrecision, HfPrecision, TrainConfig
 from flux_cluster.errors import FluxClusterError
@@ -192,8 +192,11 @@ class TrainingPlan(_Strict):
     micro_batch_auto: MicroBatchChoice | None = None
     """How train.micro_batch_size 'auto' chose the micro-batch in train (None: set in the config)."""
     batch_fit: BatchFit | None = None
-    """Fine-tuning: the batch submit took because the train split holds less than the configured one
-    (config/batch_fit.py; None: the configured batch)."""
+    """Fine-tuning: the batch the run took because its train split holds less than the configured one
+    (fit_to_split, at submit or at the job's start; None: the configured batch)."""
+    batch_default: bool = False
+    """The batch is the system's default, not the run's choice (submit sets it for a train job): a
+    fine-tuning job fits it to its train split (fit_to_split) where submit could not read the split."""
 
     @property
     def global_batch_size(self) -> int:
@@ -279,6 +282,32 @@ def resolve_training(system: SystemConfig) -> TrainingPlan:
         grad_accum_steps=gbs // (mbs * world),
         workload_file=path.name,
     )
+
+
+JOB_CHOSEN = "the run's config"
+"""Where a chosen batch came from, as the job (which reads only the run's config) names it."""
+
+
+def fit_to_split(
+    system: SystemConfig, plan: TrainingPlan, train_samples: int | None, chosen: str | None
+) -> tuple[SystemConfig, TrainingPlan]:
+    """A fine-tuning train job's system and plan with a global batch its train split holds
+    (config/batch_fit.py), the same at submit and at the job's start: unchanged where the split holds one
+    (or its size is unknown: train_samples None); where the batch is the default (chosen None), the
+    largest batch the split holds, re-resolved and recorded (plan.batch_fit); where the run chose it
+    (chosen: where from), one line naming values that work. The plan records batch_default either way."""
+    plan = plan.model_copy(update={"batch_default": chosen is None})
+    if not plan.fine_tuning or train_samples is None:
+        return system, plan
+    fit = fit_batch(
+        train_samples, plan.world_size, plan.global_batch_size, plan.train.micro_batch_size, chosen
+    )
+    if fit is None:
+        return system, plan
+    batch = {"global_batch_size": fit.global_batch, "micro_batch_size": fit.micro_batch}
+    system = system.model_copy(update={"train": system.train.model_copy(update=batch)})
+    update = {"micro_batch_auto": plan.micro_batch_auto, "batch_fit": fit, "batch_default": True}
+    return system, resolve_training(system).model_copy(update=update)
 
 
 def _resolve_finetune(system: SystemConfig, workload: Workload, path: Path) -> TrainingPlan:

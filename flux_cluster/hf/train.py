@@ -32,7 +32,7 @@ from flux_cluster.rundir import set_aside_interrupted_log
 from flux_cluster.runtime.dist import DistInfo, init_distributed, lock_repeat_on_rank0
 from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointSaveError, from_rank0, step_of
-from flux_cluster.training.context import JobContext
+from flux_cluster.training.context import JobContext, fit_batch_at_start
 from flux_cluster.training.metrics import open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.optimizers import build_optimizer
@@ -142,9 +142,10 @@ def _gradient_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
         yield
 
 
-def _prepare(ctx: JobContext, info: DistInfo) -> tuple[torch.nn.Module, Splits, dict[str, Any]]:
-    """The model (LoRA added, not yet distributed), its data and the run's facts for the header."""
-    hf, cfg = ctx.system.hf, ctx.plan.train
+def _prepare(ctx: JobContext, info: DistInfo) -> tuple[JobContext, torch.nn.Module, Splits, dict[str, Any]]:
+    """The job with a default batch fitted to the loaded train split (config/batch_fit.py), the model
+    (LoRA added, not yet distributed), its data and the run's facts for the header."""
+    hf = ctx.system.hf
     assert hf.model is not None and hf.task is not None
     folder, task = Path(hf.model), hf.task
     if hf.data == SYNTHETIC:
@@ -156,6 +157,8 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[torch.nn.Module, Splits, 
         data = load_data(hf, task, processor, None, ctx.seed)
         model = load_model(folder, task, data.num_labels)
         match_padding(model, getattr(processor, "pad_token_id", None))  # load_data may have set it
+    ctx = fit_batch_at_start(ctx, Splits.size(data.train))
+    cfg = ctx.plan.train
     positions = getattr(model.config, "max_position_embeddings", None) or getattr(
         model.config, "n_positions", None
     )
@@ -180,7 +183,7 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[torch.nn.Module, Splits, 
         "params": params,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
-    return model, data, facts
+    return ctx, model, data, facts
 
 
 def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
@@ -189,7 +192,8 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
     torch.manual_seed(ctx.seed)
     checkpoints, resume_from = _checkpoints(ctx, info)
     mllog = MlperfLog(ctx.result_log, enabled=rank0)
-    model, data, facts = _prepare(ctx, info)
+    ctx, model, data, facts = _prepare(ctx, info)
+    plan = ctx.plan  # its batch fitted to the train split where that was the system's default
     batching = Batching.of(plan.global_batch_size, plan.grad_accum_steps, info.world_size)
     per_epoch = steps_per_epoch(Splits.size(data.train), plan.global_batch_size)
     mllog.header(_run_facts(ctx, data, per_epoch), ctx.system.mlperf.ruleset, ctx.cache_cleared)
@@ -475,4 +479,5 @@ def _run_facts(ctx: JobContext, data: Splits, per_epoch: int) -> RunFacts:
         eval_every_steps=per_epoch,
         benchmark="hf",
         optimizer="adamw",
+        batch_fit=plan.batch_fit,
     )

@@ -18,9 +18,9 @@ from flux_cluster.errors import FluxClusterError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from flux_cluster.config.batch_fit import BatchFit
-    from flux_cluster.config.loader import ResolvedSystem
+    from flux_cluster.config.loader import Override, ResolvedSystem
     from flux_cluster.config.schema import SystemConfig
+    from flux_cluster.config.workload import TrainingPlan
     from flux_cluster.launch.plan import JobPlan
     from flux_cluster.rundir import RunRecord
 
@@ -37,8 +37,8 @@ class LaunchRequest:
     """A system name (configs/systems/<name>.yaml) or a YAML file."""
     job: str = "train"
     """A job of flux_cluster.launch.plan.JOBS: train, throughput, preflight, evaluate."""
-    overrides: list[str] = field(default_factory=list)
-    """--set KEY=VALUE overrides, applied in order."""
+    overrides: "list[str | Override]" = field(default_factory=list)
+    """--set KEY=VALUE overrides, applied in order (an Override: a value a sweep derived)."""
     nexp: int | None = None
     seed: int | None = None
     experiment: str | None = None
@@ -107,7 +107,7 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
     from flux_cluster.launch.plan import make_plan
     from flux_cluster.rundir import create_run_dir, runs_root
 
-    overrides: list[str | tuple[str, str]] = list(request.overrides)
+    overrides: list[str | tuple[str, str] | Override] = list(request.overrides)
     if request.nexp is not None:
         overrides.append((f"mlperf.nexp={request.nexp}", "--nexp"))
     if request.seed is not None:
@@ -136,7 +136,7 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
     root = runs_root(request.runs_dir, config).absolute()
     if config.launcher == "slurm":
         check_slurm_path(root)
-    training, batch_fit = None, None
+    training = None
     job_args = request.job_args
     if request.synthetic:
         if request.job != "throughput":
@@ -152,17 +152,18 @@ def plan_launch(request: LaunchRequest, console: "Console") -> "tuple[JobPlan, d
                 )
             config = _with_hf_paths(config)
             # what the workload resolved, in the run's system section too (compliance, report, sweeps)
-            resolved = resolve_training(config).train
-            chosen = {key: getattr(resolved, key) for key in ("mode", "precision", "parallel")}
+            hf_train = resolve_training(config).train
+            chosen = {key: getattr(hf_train, key) for key in ("mode", "precision", "parallel")}
             config = config.model_copy(update={"train": config.train.model_copy(update=chosen)})
         else:
-            config = _with_training_data(
+            config = with_training_data(
                 config, make=not request.dry_run, console=console, data=not request.synthetic
             )
-            config, batch_fit = _fit_to_split(config, resolved, console)
-        resolved_plan = resolve_training(config).model_copy(
-            update={"micro_batch_auto": micro_batch_auto, "batch_fit": batch_fit}
-        )
+        resolved_plan = resolve_training(config).model_copy(update={"micro_batch_auto": micro_batch_auto})
+        if request.job == "train":  # a throughput job measures the batch as configured
+            config, resolved_plan = fit_train_batch(config, resolved_plan, resolved)
+            if (fit := resolved_plan.batch_fit) is not None:
+                console.print(fit.describe(), markup=False, highlight=False, soft_wrap=True)
         training = resolved_plan.model_dump(mode="json")
 
     run_dir = create_run_dir(root, experiment, request.run_name or config.name)
@@ -282,7 +283,7 @@ def check_slurm_path(path: Path) -> None:
         )
 
 
-def _with_training_data(
+def with_training_data(
     config: "SystemConfig", make: bool, console: "Console", data: bool = True
 ) -> "SystemConfig":
     """Systems with train.synthetic_data get their dataset made here (once, on this host) when they name
@@ -327,30 +328,23 @@ def _with_training_data(
     return config.model_copy(update={"paths": paths})
 
 
-def _fit_to_split(
-    config: "SystemConfig", resolved: "ResolvedSystem", console: "Console"
-) -> "tuple[SystemConfig, BatchFit | None]":
-    """A fine-tuning run whose train split holds less than one global batch: the largest batch it holds
-    where the batch is a default, one line naming values that work where the user chose it
-    (config/batch_fit.py). A split this host cannot read (a cluster's path) is checked at the job's start."""
-    from flux_cluster.config.batch_fit import BATCH_KEYS, fit_batch
-    from flux_cluster.config.workload import load_workload, resolve_training
+def fit_train_batch(
+    config: "SystemConfig", plan: "TrainingPlan", resolved: "ResolvedSystem"
+) -> "tuple[SystemConfig, TrainingPlan]":
+    """A train job's config and plan with the batch its train split holds (config/workload.fit_to_split):
+    a fine-tuning run whose split this host reads (its Energon metadata) and holds less than one global
+    batch takes the largest it holds where the batch is the system's default, or is one line naming values
+    that work where the run chose it (ResolvedSystem.chosen). A split only the cluster reads (and the hf
+    workload's data, loaded by the job) is fitted the same way at the job's start (plan.batch_default)."""
+    from flux_cluster.config.batch_fit import BATCH_KEYS
+    from flux_cluster.config.workload import fit_to_split
     from flux_cluster.data.format import split_size
 
-    data_root = config.paths.data_root
-    if not data_root or load_workload(config.train.benchmark)[0].kind != "finetune":
-        return config, None
-    samples = split_size(Path(data_root), "train")
-    if samples is None:
-        return config, None
-    plan = resolve_training(config)
     chosen = next((source for key in BATCH_KEYS if (source := resolved.chosen_for_run(key))), None)
-    fit = fit_batch(samples, plan.world_size, plan.global_batch_size, plan.train.micro_batch_size, chosen)
-    if fit is None:
-        return config, None
-    console.print(fit.describe(), markup=False, highlight=False, soft_wrap=True)
-    batch = {"global_batch_size": fit.global_batch, "micro_batch_size": fit.micro_batch}
-    return config.model_copy(update={"train": config.train.model_copy(update=batch)}), fit
+    data_root = config.paths.data_root
+    readable = plan.kind == "finetune" and data_root
+    samples = split_size(Path(data_root), "train") if readable else None
+    return fit_to_split(config, plan, samples, chosen)
 
 
 def _with_hf_paths(config: "SystemConfig") -> "SystemConfig":

@@ -15,7 +15,9 @@ from flux_cluster.sweepdir import Point, SweepState
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from flux_cluster.config import SystemConfig
+    from flux_cluster.config import ResolvedSystem, SystemConfig
+    from flux_cluster.config.loader import Override
+    from flux_cluster.config.workload import TrainingPlan
     from flux_cluster.launch.submit import LaunchRequest
 
 
@@ -149,6 +151,9 @@ class SweepPlan:
     ranks: list[int]
     global_batch: list[int]
     """Per point: its ranks and its global batch size, as its job will run."""
+    fits: list[str] = field(default_factory=list)
+    """The batch fits of fine-tuning points whose train split holds less than the default batch (each
+    line once, as submit prints it)."""
 
 
 def plan_sweep(request: SweepRequest) -> SweepPlan:
@@ -187,22 +192,25 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     if request.dependency is not None:
         check_sweep_dependency(request.dependency, slurm_points, request.max_parallel)
     scale = scales_batch(request)
-    ranks, global_batch = [], []
+    ranks, global_batch, fits = [], [], []
     for point in points:
         try:
-            config = load_system(
-                request.system, point_overrides(request.overrides, point, request.here)
-            ).config
+            resolved = load_system(request.system, point_overrides(request.overrides, point, request.here))
             if scale:
-                point.derived = one_step_batch(config)
-                config = load_system(
+                point.derived = one_step_batch(resolved.config)
+                resolved = load_system(
                     request.system, point_overrides(request.overrides, point, request.here)
-                ).config
+                )
+            config = resolved.config
             if config.train.micro_batch_size == "auto":  # as submit resolves it for the point's run
                 from flux_cluster.training.batch_choice import resolve_micro_batch  # torch loads here
 
                 config = resolve_micro_batch(config)[0]
             training = resolve_training(config)  # both jobs train
+            if request.job == "train" and training.kind == "finetune":  # its batch as submit fits it
+                training = _fitted(config, training, resolved)
+                if training.batch_fit is not None and training.batch_fit.describe() not in fits:
+                    fits.append(training.batch_fit.describe())
             mlperf = config.mlperf
             if slurm_points and request.job == "train" and mlperf.nexp > 1 and mlperf.nexp_mode == "array":
                 raise FluxClusterError(
@@ -213,7 +221,17 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
             raise FluxClusterError(f"sweep point {point.index} ({point.label}): {exc}") from None
         ranks.append(training.world_size)
         global_batch.append(training.train.global_batch_size or 0)
-    return SweepPlan(request, base, points, slurm_points, ranks, global_batch)
+    return SweepPlan(request, base, points, slurm_points, ranks, global_batch, fits)
+
+
+def _fitted(config: "SystemConfig", training: "TrainingPlan", resolved: "ResolvedSystem") -> "TrainingPlan":
+    """A fine-tuning point's plan with the batch submit will give it (launch/submit.fit_train_batch), its
+    data root as submit reads it (nothing made)."""
+    from flux_cluster.console import cli_console
+    from flux_cluster.launch.submit import fit_train_batch, with_training_data
+
+    config = with_training_data(config, make=False, console=cli_console(stderr=True))
+    return fit_train_batch(config, training, resolved)[1]
 
 
 def print_plan(plan: SweepPlan, console: "Console") -> None:
@@ -231,6 +249,8 @@ def print_plan(plan: SweepPlan, console: "Console") -> None:
     )
     if scales_batch(request):
         console.print(ONE_STEP_NOTE)
+    for line in plan.fits:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     table = Table(box=None)
     for column in ("point", *request.grid, "ranks", "global batch"):
         table.add_column(escape(column))
@@ -252,9 +272,18 @@ def check_sweep_dependency(dependency: str, slurm_points: bool, window: int | No
         )
 
 
-def point_overrides(shared: list[str], point: Point, here: bool) -> list[str]:
-    """The --set values a point runs with: the sweep's, the point's, and launcher=local for --here."""
-    return [*shared, *point.overrides, *(["launcher=local"] if here else [])]
+DERIVED_ORIGIN = "the sweep (one step's batch)"
+"""Where a throughput sweep's derived values come from (not the user's choice: Override.chosen False)."""
+
+
+def point_overrides(shared: list[str], point: Point, here: bool) -> "list[str | Override]":
+    """The --set values a point runs with: the sweep's, the point's (its grid values, then what the sweep
+    derived for it), and launcher=local for --here."""
+    from flux_cluster.config.loader import Override
+
+    derived = [Override(item, DERIVED_ORIGIN, chosen=False) for item in point.derived]
+    grid = [f"{key}={value}" for key, value in point.values.items()]
+    return [*shared, *grid, *derived, *(["launcher=local"] if here else [])]
 
 
 def point_request(folder: Path, state: SweepState, point: Point) -> "LaunchRequest":

@@ -1,6 +1,7 @@
 """What one repeat of a training job is (JobContext, from the job script) and when it evaluates and stops
 (Schedule, in optimizer steps)."""
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 from flux_cluster import rundir
 from flux_cluster.config.batch_fit import fit_batch
 from flux_cluster.config.schema import SystemConfig
-from flux_cluster.config.workload import TrainingPlan
+from flux_cluster.config.workload import JOB_CHOSEN, TrainingPlan, fit_to_split
 from flux_cluster.errors import FluxClusterError
 
 
@@ -42,6 +43,16 @@ class JobContext:
         return self.plan.train.mode != "pretrain"
 
 
+def fit_batch_at_start(ctx: JobContext, train_samples: int | None) -> JobContext:
+    """The job's side of config/workload.fit_to_split, for a train split only the job reads (a cluster's
+    path, the hf workload's loaded data): a batch the split cannot hold is fitted as submit fits it where
+    it is the system's default (plan.batch_default), else one line (FluxClusterError) naming values that
+    work. The job logs a fit with MlperfLog.batch_fit."""
+    chosen = None if ctx.plan.batch_default else JOB_CHOSEN
+    system, plan = fit_to_split(ctx.system, ctx.plan, train_samples, chosen)
+    return dataclasses.replace(ctx, system=system, plan=plan)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """When to evaluate and when to stop, in optimizer steps."""
@@ -60,8 +71,8 @@ class Schedule:
             return cls(cfg.eval_every_steps, None, math.ceil(cfg.max_samples / gbs), cfg.target)
         if not train_samples:
             raise SystemExit("error: the dataset has no train samples (.nv-meta/.info.json); encode it again")
-        try:  # submit fitted the batch where it could read the split (not a cluster-only path)
-            fit_batch(train_samples, plan.world_size, gbs, cfg.micro_batch_size, chosen="the run's config")
+        try:  # the job fitted a default batch already (fit_batch_at_start): a chosen one is one line
+            fit_batch(train_samples, plan.world_size, gbs, cfg.micro_batch_size, chosen=JOB_CHOSEN)
         except FluxClusterError as exc:
             raise SystemExit(f"error: {exc}") from None
         per_epoch = train_samples // gbs

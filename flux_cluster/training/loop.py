@@ -28,13 +28,14 @@ from mlperf_logging.mllog import constants as c
 
 from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.data.loader import val_loader
+from flux_cluster.errors import FluxClusterError
 from flux_cluster.rundir import best_weights_name
 from flux_cluster.runtime.dist import DistInfo, init_distributed
 from flux_cluster.runtime.exit_codes import NOT_CONVERGED_EXIT_CODE
 from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.training.attention import attention_backend
 from flux_cluster.training.checkpoint import Checkpointer, step_of
-from flux_cluster.training.context import JobContext, Schedule, eval_policy
+from flux_cluster.training.context import JobContext, Schedule, eval_policy, fit_batch_at_start
 from flux_cluster.training.kontext import control_tokens, velocity_predictor
 from flux_cluster.training.metrics import Meter, Progress, RunClock, open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog
@@ -109,6 +110,7 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
     stop = StopRequest(on_sigterm=True).install()
     lock = lock_repeat_or_exit(ctx, info)  # held until this process exits
     run = _set_up(ctx, info)
+    ctx = run.ctx  # its batch fitted to the train split where that was the system's default
     run.mllog.end(c.INIT_STOP)
     run.mllog.start(c.RUN_START)
     run.meter.start()  # this attempt's training time runs from run_start, as the log's run time
@@ -145,8 +147,14 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
 
 
 def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
-    """Everything before run_start: the checkpoint to resume from, the MLPerf log's header, the model,
-    its data and generator, the state resumed, the meter."""
+    """Everything before run_start: the batch fitted to the train split (a default one), the checkpoint
+    to resume from, the MLPerf log's header, the model, its data and generator, the state resumed, the
+    meter."""
+    train_samples = split_size(ctx.data_dir, "train")
+    try:
+        ctx = fit_batch_at_start(ctx, train_samples)
+    except FluxClusterError as exc:
+        raise SystemExit(f"error: {exc}") from None
     cfg, plan = ctx.plan.train, ctx.plan
     rank0 = info.rank == 0
     checkpoints = Checkpointer(
@@ -158,7 +166,6 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
     if rank0:  # a restart, with or without a checkpoint, starts a new result log
         set_aside_interrupted_log(ctx.result_log)
     mllog = MlperfLog(ctx.result_log, enabled=rank0, echo=False)
-    train_samples = split_size(ctx.data_dir, "train")
     schedule = Schedule.of(plan, train_samples)
     mllog.header(run_facts(ctx, train_samples), ctx.system.mlperf.ruleset, ctx.cache_cleared)
     if schedule.target is not None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from mlperf_logging.mllog import constants as c
 from mlperf_logging.mllog.mllog import MLLogger
 
+from flux_cluster.config.batch_fit import BatchFit
 from flux_cluster.mlperf_rules import (
     CONFORMANCE_KEY,
     EVAL_INTERVAL_SAMPLES,
@@ -72,6 +73,9 @@ class RunFacts:
     """The workload: flux1, or a fine-tuning workload's name (no MLPerf benchmark)."""
     optimizer: str = "adamw"
     """train.optimizer: the closed division allows only 'adamw' with the ADAMW settings."""
+    batch_fit: BatchFit | None = None
+    """Fine-tuning: the batch fitted to a small train split (config/batch_fit.py), at submit or at the
+    job's start; the header's global_batch_size and micro_batch_size are the batch taken."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1 or self.micro_batch_size < 1 or self.gradient_accumulation_steps < 1:
@@ -160,6 +164,10 @@ class MlperfLog:
         if facts.deviations and self.enabled:  # said once, in the job output too
             reasons = "; ".join(d.reason for d in facts.deviations)
             print(f"[train] NON-CONFORMING: not an MLPerf closed-division result: {reasons}", flush=True)
+        if (fit := facts.batch_fit) is not None:  # not an MLPerf key; its line in the job output too
+            self.event("batch_fit", value=fit.global_batch, metadata=fit.model_dump())
+            if self.enabled:
+                print(f"[train] {fit.describe()}", flush=True)
 
     def eval_accuracy(self, loss: float, samples: int, epoch: float | None = None) -> None:
         metadata: dict[str, Any] = {"samples_count": samples}

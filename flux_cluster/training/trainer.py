@@ -214,6 +214,7 @@ def run_facts(ctx: JobContext, train_samples: int | None) -> RunFacts:
         deviations=tuple(deviations),
         optimizer=cfg.optimizer,
         benchmark="flux1" if mlperf is not None else cfg.benchmark,
+        batch_fit=ctx.plan.batch_fit,
     )
 
 

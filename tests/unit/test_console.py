@@ -55,3 +55,45 @@ def test_a_redirected_table_keeps_every_value_whole_and_fit_false_too() -> None:
         text = console.file.getvalue()
         assert "/x" * 40 in text and "samples to converge" in text and "\u2026" not in text
         assert console.width == 60  # restored
+
+
+def test_a_printed_table_is_left_as_it_came_so_it_prints_again_the_same() -> None:
+    """print_table fixes widths and wrapping to fit one window; the table keeps its own (a second print,
+    to a file, is whole again)."""
+    table = _table(1)
+    table.columns[0].width, table.columns[1].no_wrap, table.columns[3].overflow = 7, True, "ellipsis"
+    before = [(c.width, c.no_wrap, c.overflow) for c in table.columns]
+    for console in (
+        Console(file=io.StringIO(), width=40, force_terminal=True),  # fitted: two columns dropped
+        Console(file=io.StringIO(), width=40),  # redirected: every column whole
+    ):
+        print_table(console, table, priority=("name",))
+        assert [(c.width, c.no_wrap, c.overflow) for c in table.columns] == before
+    assert "/x" * 40 in console.file.getvalue()
+
+
+def test_two_columns_alike_are_told_apart_by_their_place() -> None:
+    """Equal headers and cells (rich's Column compares as a dataclass): the one left out is named."""
+    out = io.StringIO()
+    table = Table()
+    for header in ("name", "same", "same"):
+        table.add_column(header)
+    table.add_row("a-run", "x" * 14, "x" * 14)
+    print_table(Console(file=out, width=30, force_terminal=True, color_system=None), table)
+    assert "not shown at 30 columns: same" in out.getvalue()
+
+
+def test_the_terminal_and_the_csv_read_numbers_alike() -> None:
+    """One number pattern (safe_text.NUMBER): grouped digits and a capital exponent are a number to both,
+    never folded in a table, never quoted in a CSV; an expression is neither."""
+    from flux_cluster.safe_text import csv_cell
+
+    number, expression = "-1,234,567.5E+05", "-1,234+5"
+    assert csv_cell(number) == number and csv_cell(expression) == "'" + expression
+    out = io.StringIO()
+    table = Table()
+    for header in ("name", "value"):
+        table.add_column(header)
+    table.add_row("a-run-name-that-folds", number)
+    print_table(Console(file=out, width=36, force_terminal=True, color_system=None), table)
+    assert number in out.getvalue() and "a-run-name-that-folds" not in out.getvalue(), out.getvalue()
