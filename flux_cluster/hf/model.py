@@ -39,7 +39,7 @@ def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn
     of whose weights were not in the files after loading (weights of another architecture) too."""
     import transformers
 
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").exists():
         raise _bad_folder(path, task, FileNotFoundError("no config.json"))
     folder = check_model_folder(path)
     auto = getattr(transformers, AUTO_CLASSES[task])
@@ -78,7 +78,7 @@ def load_processor(path: Path, task: str) -> Any:
     """The tokenizer (text tasks) or image processor saved beside the model."""
     import transformers
 
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").exists():
         raise _bad_folder(path, task, FileNotFoundError("no config.json"))
     check_model_folder(path)
     auto = transformers.AutoImageProcessor if task == "image-classification" else transformers.AutoTokenizer
