@@ -179,7 +179,7 @@ def too_deep(chunk: bytes, limit: int = MAX_JSON_DEPTH) -> int | None:
     with no more than limit brackets in all are passed at numpy speed; the others are measured with their
     strings taken out."""
     data = np.frombuffer(chunk, dtype=np.uint8)
-    opens = np.cumsum((data == _OPEN[0]) | (data == _OPEN[1]), dtype=np.int64)
+    opens = np.cumsum((data == _OPEN[0]) | (data == _OPEN[1]), dtype=np.int32)
     ends = np.flatnonzero(data == ord("\n"))
     if not len(ends) or ends[-1] != len(data) - 1:
         ends = np.append(ends, len(data) - 1)

@@ -249,3 +249,22 @@ def test_seq_len_past_the_models_positions_is_checked_before_the_data_is_read(
     one = DistInfo(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     with pytest.raises(FluxClusterError, match=r"^hf\.seq_len: 1000000 is longer than the 128 positions of "):
         _prepare(ctx, one)
+
+
+def test_synthetic_inputs_past_the_memory_bound_are_one_line_before_allocating() -> None:
+    """A million synthetic samples of a million tokens (8 TB) are refused, not allocated."""
+    from types import SimpleNamespace
+
+    from flux_cluster.hf.data import synthetic
+
+    config = SimpleNamespace(vocab_size=100, num_labels=2)
+    hf = HfConfig(seq_len=1_000_000)
+    _one_line(
+        lambda: synthetic("causal-lm", hf, config, 1_000_000, 0),
+        r"^hf\.synthetic_samples: 1,000,000 sequences of 1000000 tokens would take [0-9,.]+ GiB; "
+        "expected at most 16",
+    )
+    assert synthetic("causal-lm", hf.model_copy(update={"seq_len": 8}), config, 4, 0)["input_ids"].shape == (
+        4,
+        8,
+    )
