@@ -1,11 +1,14 @@
-"""Shared fixtures: the CLI runner, a clean working directory, and the real localhost Slurm cluster."""
+"""Shared fixtures: the CLI runner, a clean working directory, the real localhost Slurm cluster, the tiny
+Hugging Face models and a call bounded in time (hostile-input tests)."""
 
+import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from typer.testing import CliRunner
@@ -90,6 +93,47 @@ def one_rank(tmp_path: Path) -> Iterator["DistInfo"]:
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield DistInfo(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bert/, gpt2/ and vit/: the tiny random-init models of `flux-cluster models tiny`."""
+    from flux_cluster.models.tiny_hf import write_tiny_hf
+
+    root = tmp_path_factory.mktemp("tiny_hf")
+    for kind in ("bert", "gpt2", "vit"):
+        write_tiny_hf(root / kind, kind=kind)  # type: ignore[arg-type]
+    return root
+
+
+@pytest.fixture
+def within() -> Callable[..., BaseException | None]:
+    """within(seconds, call, *fifos): the exception call raises (None if none), failing the test when it
+    has not returned after seconds. A call blocked opening one of the FIFOs is released first (a writer
+    opens and closes it), so a failing test ends instead of hanging the suite."""
+
+    def run(seconds: float, call: Callable[[], Any], *fifos: Path) -> BaseException | None:
+        outcome: list[BaseException | None] = []
+
+        def target() -> None:
+            try:
+                call()
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        thread.join(seconds)
+        if thread.is_alive():
+            for fifo in fifos:  # unblock a reader stuck in open(): it reads end-of-file
+                with contextlib.suppress(OSError):
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            thread.join(10)
+            pytest.fail(f"did not return within {seconds} s (blocked on a FIFO?)")
+        return outcome[0]
+
+    return run
 
 
 @pytest.fixture

@@ -120,12 +120,15 @@ class ClipScorer:
 
         try:
             with no_progress_bars(), held_transformers_logs():
-                model = CLIPModel.from_pretrained(folder, local_files_only=True)
+                # never the folder's own code: an auto_map would have transformers ask to run it
+                model = CLIPModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
                 if any(
                     (folder / name).is_file()
                     for name in ("processor_config.json", "preprocessor_config.json")
                 ):
-                    processor = CLIPProcessor.from_pretrained(folder, local_files_only=True)
+                    processor = CLIPProcessor.from_pretrained(
+                        folder, local_files_only=True, trust_remote_code=False
+                    )
                 else:
                     size = model.config.vision_config.image_size
                     processor = CLIPProcessor(
@@ -133,7 +136,7 @@ class ClipScorer:
                             size={"shortest_edge": size}, crop_size={"height": size, "width": size}
                         ),
                         tokenizer=CLIPTokenizer.from_pretrained(
-                            pipeline / "tokenizer", local_files_only=True
+                            pipeline / "tokenizer", local_files_only=True, trust_remote_code=False
                         ),
                     )
         except (OSError, ValueError, KeyError, RuntimeError) as exc:

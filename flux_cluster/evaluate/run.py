@@ -262,7 +262,8 @@ def _load_pipeline(
     try:
         with no_progress_bars(), held_transformers_logs():
             kind = FluxKontextPipeline if kontext else FluxPipeline
-            pipe = kind.from_pretrained(folder, dtype=dtype, local_files_only=True)
+            # never the folder's own code (model_index.json can name a custom pipeline or component)
+            pipe = kind.from_pretrained(folder, dtype=dtype, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise FluxClusterError(
             f"--model {folder}: cannot load it as a FLUX pipeline ({first_line(exc)})"

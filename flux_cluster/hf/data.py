@@ -7,23 +7,27 @@ val/ folders of them), or ``synthetic``: random inputs of the model's shapes. An
 FluxClusterError line naming the path and what was expected.
 """
 
+import contextlib
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 from flux_cluster.config.hf import SYNTHETIC, HfConfig
+from flux_cluster.data.prep.image_folder import MAX_DECODE_PIXELS
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.outside import OutsideFileError, read_json_object
+from flux_cluster.hf.tables import Columns, RowSample, first_line, read_arrow_stream, read_table
+from flux_cluster.outside import OutsideFileError, open_regular, read_json_object
+from flux_cluster.safe_text import printable
 
 TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 VAL_SPLITS = ("validation", "val", "valid", "test")
-Columns = dict[str, list[Any]]
 
 
 @dataclass(frozen=True)
@@ -43,122 +47,116 @@ class Splits:
 # ---- reading columns
 
 
-def read_splits(path: Path, hf: HfConfig) -> tuple[Columns, Columns | None]:
-    """(train, val or None) columns of a local dataset."""
+def read_splits(path: Path, hf: HfConfig, seed: int = 0) -> tuple[Columns, Columns | None]:
+    """(train, val or None) columns of a local dataset: every row, or (hf.max_samples) a seeded uniform
+    sample of that many rows of each split, read in bounded batches (flux_cluster/hf/tables.py)."""
     if not path.exists():
-        raise FluxClusterError(f"hf.data: {path} does not exist: expected a local dataset or 'synthetic'")
+        raise FluxClusterError(
+            f"hf.data: {printable(str(path))} does not exist: expected a local dataset or 'synthetic'"
+        )
     try:
         if path.is_file():
-            return _read_table(path), None
+            return _split(path, [path], read_table, hf, seed), None
         if (path / "dataset_dict.json").is_file():
-            return _read_dataset_dict(path)
+            return _read_dataset_dict(path, hf, seed)
         if (path / "state.json").is_file():
-            return _read_arrow_dataset(path), None
+            return _split(path, [path], _read_arrow_dataset, hf, seed), None
         tables = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TABLE_SUFFIXES)
         if tables:
-            return _named_splits(path, {p.stem: p for p in tables}, _read_table)
-        return _read_imagefolder(path, hf)
+            return _named_splits(path, {p.stem: p for p in tables}, read_table, hf, seed)
+        return _read_imagefolder(path, hf, seed)
     except FluxClusterError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as exc:  # pyarrow's errors are ValueErrors / OSErrors
-        raise FluxClusterError(f"hf.data: {path}: cannot be read ({_first_line(exc)})") from None
+        shown = printable(str(path))
+        raise FluxClusterError(f"hf.data: {shown}: cannot be read ({first_line(exc)})") from None
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+Reader = Callable[[Path, RowSample], None]
+
+
+def _split(where: Path, parts: list[Path], read: Reader, hf: HfConfig, seed: int) -> Columns:
+    """One split's columns from its parts (files or folders), sampled to hf.max_samples as they stream."""
+    sample = RowSample(hf.max_samples, seed, hf.label_column)
+    for part in parts:
+        read(part, sample)
+    return sample.columns(where)
 
 
 def _named_splits(
-    path: Path, named: dict[str, Path], read: Callable[[Path], Columns]
+    path: Path, named: dict[str, Path], read: Reader, hf: HfConfig, seed: int
 ) -> tuple[Columns, Columns | None]:
     train = [p for name, p in named.items() if name.lower().startswith("train")]
     val = [p for name, p in named.items() if name.lower().startswith(VAL_SPLITS)]
     if not train:
         if len(named) != 1:
+            found = ", ".join(printable(n) for n in sorted(named)) or "none"
             raise FluxClusterError(
-                f"hf.data: {path}: expected train* (and val*/validation*/test*) files or folders, found "
-                f"{', '.join(sorted(named)) or 'none'}"
+                f"hf.data: {printable(str(path))}: expected train* (and val*/validation*/test*) files or "
+                f"folders, found {found}"
             )
         train = list(named.values())
-    return _concat([read(p) for p in train]), _concat([read(p) for p in val]) if val else None
+    return _split(path, train, read, hf, seed), _split(path, val, read, hf, seed + 1) if val else None
 
 
-def _concat(parts: list[Columns]) -> Columns:
-    out: Columns = {}
-    for part in parts:
-        for key, values in part.items():
-            out.setdefault(key, []).extend(values)
-    return out
-
-
-def _read_table(path: Path) -> Columns:
-    import pyarrow.csv
-    import pyarrow.json
-    import pyarrow.parquet
-
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        table = pyarrow.json.read_json(path)
-    elif suffix == ".csv":
-        table = pyarrow.csv.read_csv(path)
-    elif suffix == ".parquet":
-        table = pyarrow.parquet.read_table(path)
-    else:
-        raise FluxClusterError(f"hf.data: {path}: expected a .jsonl, .json, .csv or .parquet file")
-    return table.to_pydict()
-
-
-def _read_arrow_dataset(folder: Path) -> Columns:
+def _read_arrow_dataset(folder: Path, sample: RowSample) -> None:
     """One split saved by ``Dataset.save_to_disk``: state.json lists its Arrow stream files."""
-    import pyarrow as pa
-
     try:
         state = read_json_object(folder / "state.json")
     except OutsideFileError as exc:
-        raise FluxClusterError(f"hf.data: {exc}") from None
+        raise FluxClusterError(f"hf.data: {printable(str(exc))}") from None
     files = [f.get("filename") for f in state.get("_data_files", []) if isinstance(f, dict)]
-    if not files or not all(isinstance(f, str) and "/" not in f for f in files):
-        raise FluxClusterError(f"hf.data: {folder}/state.json: expected _data_files naming its .arrow files")
-    tables = []
+    if not files or not all(isinstance(f, str) and "/" not in f and f not in ("", "..") for f in files):
+        raise FluxClusterError(
+            f"hf.data: {printable(str(folder))}/state.json: expected _data_files naming its .arrow files"
+        )
     for name in files:
-        with pa.memory_map(str(folder / name)) as source:
-            tables.append(pa.ipc.open_stream(source).read_all())
-    return pa.concat_tables(tables).to_pydict()
+        read_arrow_stream(folder / name, sample)
 
 
-def _read_dataset_dict(folder: Path) -> tuple[Columns, Columns | None]:
+def _read_dataset_dict(folder: Path, hf: HfConfig, seed: int) -> tuple[Columns, Columns | None]:
     """A ``DatasetDict.save_to_disk`` folder: dataset_dict.json names the split subfolders."""
     try:
         splits = read_json_object(folder / "dataset_dict.json").get("splits")
     except OutsideFileError as exc:
-        raise FluxClusterError(f"hf.data: {exc}") from None
+        raise FluxClusterError(f"hf.data: {printable(str(exc))}") from None
     if not isinstance(splits, list) or not all(isinstance(s, str) and "/" not in s for s in splits):
-        raise FluxClusterError(f"hf.data: {folder}/dataset_dict.json: expected 'splits': a list of names")
-    return _named_splits(folder, {s: folder / s for s in splits}, _read_arrow_dataset)
+        raise FluxClusterError(
+            f"hf.data: {printable(str(folder))}/dataset_dict.json: expected 'splits': a list of names"
+        )
+    return _named_splits(folder, {s: folder / s for s in splits}, _read_arrow_dataset, hf, seed)
 
 
-def _read_imagefolder(folder: Path, hf: HfConfig) -> tuple[Columns, Columns | None]:
+def _read_imagefolder(folder: Path, hf: HfConfig, seed: int) -> tuple[Columns, Columns | None]:
     subdirs = {p.name: p for p in sorted(folder.iterdir()) if p.is_dir()}
-    if any(name.lower().startswith(("train", *VAL_SPLITS)) for name in subdirs):
+    split_folders = any(name.lower().startswith(("train", *VAL_SPLITS)) for name in subdirs)
+    if split_folders:
         classes = sorted({c.name for d in subdirs.values() for c in d.iterdir() if c.is_dir()})
-        return _named_splits(folder, subdirs, lambda d: _image_classes(d, classes, hf))
-    classes = sorted(subdirs)
-    return _image_classes(folder, classes, hf), None
+    else:
+        classes = sorted(subdirs)
+
+    def read(part: Path, sample: RowSample) -> None:
+        _image_classes(part, classes, hf, sample)
+
+    if split_folders:
+        return _named_splits(folder, subdirs, read, hf, seed)
+    return _split(folder, [folder], read, hf, seed), None
 
 
-def _image_classes(folder: Path, classes: list[str], hf: HfConfig) -> Columns:
-    images: list[Path] = []
+def _image_classes(folder: Path, classes: list[str], hf: HfConfig, sample: RowSample) -> None:
+    images: list[str] = []
     labels: list[int] = []
     for index, name in enumerate(classes):
-        found = sorted(p for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        found = sorted(str(p) for p in (folder / name).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         images += found
         labels += [index] * len(found)
     if not images:
         raise FluxClusterError(
-            f"hf.data: {folder}: no data found: expected a save_to_disk folder, {'/'.join(TABLE_SUFFIXES)} "
-            f"files, or an imagefolder (one subfolder of {'/'.join(IMAGE_SUFFIXES)} images per class)"
+            f"hf.data: {printable(str(folder))}: no data found: expected a save_to_disk folder, "
+            f"{'/'.join(TABLE_SUFFIXES)} files, or an imagefolder (one subfolder of "
+            f"{'/'.join(IMAGE_SUFFIXES)} images per class)"
         )
-    return {hf.image_column: images, hf.label_column: labels}
+    sample.add(pa.table({hf.image_column: images, hf.label_column: labels}), folder)
 
 
 # ---- columns to tensors
@@ -194,17 +192,27 @@ def shuffled(columns: Columns, seed: int) -> Columns:
 
 def column(columns: Columns, name: str, key: str, where: Path) -> list[Any]:
     if name not in columns:
+        found = ", ".join(printable(c) for c in sorted(columns)) or "none"
         raise FluxClusterError(
-            f"hf.{key}: {where} has no column {name!r} (columns: {', '.join(sorted(columns)) or 'none'})"
+            f"hf.{key}: {printable(str(where))} has no column {printable(repr(name))} (columns: {found})"
         )
     return columns[name]
 
 
 def pack_blocks(token_lists: list[list[int]], seq_len: int) -> torch.Tensor:
     """Causal LM: every text's tokens one after the other, cut into blocks of seq_len (the rest dropped)."""
-    flat = [t for tokens in token_lists for t in tokens]
+    return _blocks(_joined(token_lists, None), seq_len)
+
+
+def _joined(token_lists: list[list[int]], end: int | None) -> torch.Tensor:
+    """Every text's tokens one after the other, each text followed by end when given."""
+    tail = [] if end is None else [end]
+    return torch.tensor([t for tokens in token_lists for t in (*tokens, *tail)], dtype=torch.long)
+
+
+def _blocks(flat: torch.Tensor, seq_len: int) -> torch.Tensor:
     blocks = len(flat) // seq_len
-    return torch.tensor(flat[: blocks * seq_len], dtype=torch.long).view(blocks, seq_len)
+    return flat[: blocks * seq_len].view(blocks, seq_len)
 
 
 class SampleError(FluxClusterError):
@@ -212,21 +220,80 @@ class SampleError(FluxClusterError):
 
 
 def _open_image(value: Any, where: Path, index: int) -> Any:
+    """One image as RGB, from a file (a regular one: a FIFO would block the open) or bytes, refused from its
+    header when it would decode to more than the pixels an image may have (data encode's cap)."""
     from PIL import Image
 
-    name = f"{where} (sample {index})"
+    name, data, path = f"{where} (sample {index})", None, value
     if isinstance(value, dict):  # datasets' Image feature: {"bytes", "path"}
-        name = str(value.get("path") or name)
-        value = io.BytesIO(value["bytes"]) if value.get("bytes") else value.get("path")
-    elif not isinstance(value, bytes):
+        name, data, path = str(value.get("path") or name), value.get("bytes"), value.get("path")
+    elif isinstance(value, bytes):
+        data = value
+    else:
         name = str(value)
+    shown = printable(name)
     try:
-        with Image.open(value) as image:
+        with contextlib.ExitStack() as stack:
+            source = (
+                io.BytesIO(data) if data else stack.enter_context(open_regular(Path(str(path)).resolve()))
+            )
+            image = stack.enter_context(Image.open(source))
+            if image.width * image.height > MAX_DECODE_PIXELS:
+                raise SampleError(
+                    f"hf.data: {shown}: {image.width}x{image.height} pixels, over the {MAX_DECODE_PIXELS:,} "
+                    "an image may have here; expected a picture of at most about 40 megapixels"
+                )
             return image.convert("RGB")
+    except OutsideFileError as exc:
+        reason = str(exc).rsplit(": ", 1)[-1]
+        raise SampleError(f"hf.data: {shown}: expected an image file, {printable(reason)}") from None
     except (OSError, ValueError, Image.DecompressionBombError) as exc:  # PIL's UnidentifiedImageError too
         raise SampleError(
-            f"hf.data: {name}: expected an image, cannot be read ({_first_line(exc)})"
+            f"hf.data: {shown}: expected an image, cannot be read ({first_line(exc)})"
         ) from None
+
+
+class PeerSampleError(FluxClusterError):
+    """Another rank met a SampleError in the same step: this rank stops too, quietly (that rank says why)."""
+
+
+_HOST_GROUPS: dict[int, Any] = {}
+
+
+def take(split: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
+    """The samples at index (images decoded now: LazyImages). Decoding images is a collective once
+    torch.distributed is started (every rank takes as many batches): a sample one rank cannot read stops
+    every rank, that rank with its SampleError line, the others with a quiet PeerSampleError, not with
+    the tracebacks of a collective whose peer left. The flags go over the host (gloo), not the GPU."""
+    import torch.distributed as dist
+
+    failed, batch = None, {}
+    try:
+        batch = {key: value[index] for key, value in split.items()}
+    except SampleError as exc:
+        failed = exc
+    lazy = any(isinstance(value, LazyImages) for value in split.values())
+    if lazy and dist.is_available() and dist.is_initialized():
+        flag = torch.tensor([int(failed is not None)])
+        dist.all_reduce(flag, group=_host_group())
+        if failed is None and flag.item():
+            raise PeerSampleError("another rank met a sample it cannot read (its line says which)")
+    if failed is not None:
+        raise failed
+    return batch
+
+
+def _host_group() -> Any:
+    """The default group when it is gloo; else (NCCL, GPU only) a gloo group of every rank, made once per
+    process group (its making is a collective: the first take of every rank)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "gloo":
+        return None
+    world = id(dist.group.WORLD)
+    if world not in _HOST_GROUPS:
+        _HOST_GROUPS[world] = dist.new_group(backend="gloo")
+    return _HOST_GROUPS[world]
 
 
 class LazyImages:
@@ -242,7 +309,7 @@ class LazyImages:
                 raise FluxClusterError(str(exc)) from None
             except (OSError, ValueError) as exc:
                 raise FluxClusterError(
-                    f"hf.data: {where}: an image cannot be read ({_first_line(exc)})"
+                    f"hf.data: {printable(str(where))}: an image cannot be read ({first_line(exc)})"
                 ) from None
 
     def __len__(self) -> int:
@@ -263,33 +330,54 @@ def encode(
     where: Path,
     names: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """One split's columns (shuffled: the cut to hf.max_samples takes every class) as the model's input
-    tensors, labels included (names: label_names of every split)."""
-    if hf.max_samples is not None:
-        columns = {k: v[: hf.max_samples] for k, v in columns.items()}
+    """One split's columns (read_splits sampled them to hf.max_samples) as the model's input tensors,
+    labels included (names: label_names of every split); text tokenized TOKENIZE_ROWS rows at a time."""
+    shown = printable(str(where))
     if task == "image-classification":
         images = LazyImages(column(columns, hf.image_column, "image_column", where), processor, where)
-        labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), str(where), names)
+        labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), shown, names)
         return {"pixel_values": images, "labels": torch.tensor(labels, dtype=torch.long)}
     texts = [str(t) for t in column(columns, hf.text_column, "text_column", where)]
     if task == "causal-lm":
-        ids = processor(texts, add_special_tokens=False)["input_ids"]
         eos = processor.eos_token_id
-        blocks = pack_blocks([[*t, eos] if eos is not None else t for t in ids], hf.seq_len)
+        flat = [_joined(ids, eos) for ids in _tokenize(processor, texts, add_special_tokens=False)]
+        blocks = _blocks(torch.cat(flat) if flat else torch.empty(0, dtype=torch.long), hf.seq_len)
         if not len(blocks):
-            raise FluxClusterError(f"hf.data: {where}: fewer than hf.seq_len ({hf.seq_len}) tokens of text")
+            raise FluxClusterError(f"hf.data: {shown}: fewer than hf.seq_len ({hf.seq_len}) tokens of text")
         return {"input_ids": blocks, "attention_mask": torch.ones_like(blocks), "labels": blocks.clone()}
-    labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), str(where), names)
+    labels, _ = label_ids(column(columns, hf.label_column, "label_column", where), shown, names)
     if processor.pad_token is None:  # GPT-2-like tokenizers have none: pad with end-of-text
         processor.pad_token = processor.eos_token
-    encoded = processor(
-        texts, truncation=True, padding="max_length", max_length=hf.seq_len, return_tensors="pt"
+    encoded = list(
+        _tokenize(
+            processor,
+            texts,
+            ("input_ids", "attention_mask"),
+            truncation=True,
+            padding="max_length",
+            max_length=hf.seq_len,
+            return_tensors="pt",
+        )
     )
+    empty = torch.empty((0, hf.seq_len), dtype=torch.long)
     return {
-        "input_ids": encoded["input_ids"],
-        "attention_mask": encoded["attention_mask"],
+        "input_ids": torch.cat([e[0] for e in encoded]) if encoded else empty,
+        "attention_mask": torch.cat([e[1] for e in encoded]) if encoded else empty,
         "labels": torch.tensor(labels, dtype=torch.long),
     }
+
+
+TOKENIZE_ROWS = 1024
+"""Texts tokenized at a time: the tokenizer's Python lists of a whole table would take GBs."""
+
+
+def _tokenize(
+    processor: Any, texts: list[str], keys: tuple[str, ...] = ("input_ids",), **kwargs: Any
+) -> Iterator[Any]:
+    """processor(...)[keys] of TOKENIZE_ROWS texts at a time (one key: its value alone)."""
+    for start in range(0, len(texts), TOKENIZE_ROWS):
+        encoded = processor(texts[start : start + TOKENIZE_ROWS], **kwargs)
+        yield encoded[keys[0]] if len(keys) == 1 else tuple(encoded[k] for k in keys)
 
 
 def synthetic(task: str, hf: HfConfig, model_config: Any, samples: int, seed: int) -> dict[str, torch.Tensor]:
@@ -299,8 +387,10 @@ def synthetic(task: str, hf: HfConfig, model_config: Any, samples: int, seed: in
     if task == "image-classification":
         size = int(getattr(model_config, "image_size", 224))
         channels = int(getattr(model_config, "num_channels", 3))
+        _check_synthetic(samples, channels * size * size * 4, f"images of {channels}x{size}x{size}")
         pixels = torch.randn(samples, channels, size, size, generator=generator)
         return {"pixel_values": pixels, "labels": _random_labels(model_config, samples, generator)}
+    _check_synthetic(samples, hf.seq_len * 8 * 3, f"sequences of {hf.seq_len} tokens")
     ids = torch.randint(0, model_config.vocab_size, (samples, hf.seq_len), generator=generator)
     if task == "causal-lm":
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
@@ -309,6 +399,18 @@ def synthetic(task: str, hf: HfConfig, model_config: Any, samples: int, seed: in
         "attention_mask": torch.ones_like(ids),
         "labels": _random_labels(model_config, samples, generator),
     }
+
+
+SYNTHETIC_BYTES = 16 * 2**30
+"""Most memory synthetic inputs may take (they are made whole, before training)."""
+
+
+def _check_synthetic(samples: int, sample_bytes: int, what: str) -> None:
+    if samples * sample_bytes > SYNTHETIC_BYTES:
+        raise FluxClusterError(
+            f"hf.synthetic_samples: {samples:,} {what} would take {samples * sample_bytes / 2**30:,.1f} GiB; "
+            f"expected at most {SYNTHETIC_BYTES // 2**30} GiB: lower hf.synthetic_samples (or hf.seq_len)"
+        )
 
 
 def _random_labels(model_config: Any, samples: int, generator: torch.Generator) -> torch.Tensor:
@@ -333,7 +435,7 @@ def load_data(hf: HfConfig, task: str, processor: Any, model_config: Any, seed: 
         val = synthetic(task, hf, model_config, max(hf.synthetic_samples // 8, 1), seed + 1)
     else:
         path = Path(hf.data)
-        train_columns, val_columns = read_splits(path, hf)
+        train_columns, val_columns = read_splits(path, hf, seed)
         train_columns = shuffled(train_columns, seed)
         val_columns = shuffled(val_columns, seed + 1) if val_columns else None
         names = None

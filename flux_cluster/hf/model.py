@@ -7,6 +7,9 @@ from typing import Any
 import torch
 
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.hf.inputs import check_fits_weights, check_loaded, check_model_folder
+from flux_cluster.hf.tables import first_line
+from flux_cluster.safe_text import printable
 
 AUTO_CLASSES = {
     "text-classification": "AutoModelForSequenceClassification",
@@ -20,7 +23,7 @@ HEADS = ("classifier", "score")
 
 
 def _bad_folder(path: Path, task: str, exc: BaseException) -> FluxClusterError:
-    first = _first_line(exc)
+    first = first_line(exc)
     return FluxClusterError(
         f"hf.model: {path}: expected a local {AUTO_CLASSES[task]} folder (config.json, weights and its "
         f"{'image processor' if task == 'image-classification' else 'tokenizer'}, as save_pretrained "
@@ -30,30 +33,37 @@ def _bad_folder(path: Path, task: str, exc: BaseException) -> FluxClusterError:
 
 def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn.Module:
     """The model in fp32 (AMP casts in compute). A classification head with fewer labels than the data
-    has is re-made with num_labels (the new head is trained from scratch, as fine-tuning does)."""
+    has is re-made with num_labels (the new head is trained from scratch, as fine-tuning does). The folder
+    is checked first (hf/inputs.py: no custom code, bounded files, safetensors headers); a config.json that
+    describes more weights than the folder holds is refused before anything is allocated, and a model most
+    of whose weights were not in the files after loading (weights of another architecture) too."""
     import transformers
 
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").exists():
         raise _bad_folder(path, task, FileNotFoundError("no config.json"))
+    folder = check_model_folder(path)
     auto = getattr(transformers, AUTO_CLASSES[task])
-    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32}
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32, "trust_remote_code": False}
     try:
-        if num_labels is not None:
-            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-            if config.num_labels < num_labels:
-                kwargs |= {"num_labels": num_labels, "ignore_mismatched_sizes": True}
-        return auto.from_pretrained(path, **kwargs)
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        if num_labels is not None and config.num_labels < num_labels:
+            config.num_labels = num_labels
+            kwargs["ignore_mismatched_sizes"] = True
+        check_fits_weights(folder, auto, config)
+        model, info = auto.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad_folder(path, task, exc) from None
-    except RuntimeError as exc:  # transformers' size mismatch (its report goes to the log above)
+    except (RuntimeError, MemoryError) as exc:  # transformers' size mismatch (its report in the log above)
+        if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
+            raise FluxClusterError(
+                f"hf.model: {path}: out of memory while loading the model ({first_line(exc)})"
+            ) from None
         raise FluxClusterError(
             f"hf.model: {path}: the weights do not have the shapes config.json gives; expected the "
-            f"config.json saved with them ({_first_line(exc)})"
+            f"config.json saved with them ({first_line(exc)})"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    check_loaded(folder, model, info)
+    return model
 
 
 def match_padding(model: torch.nn.Module, pad_token_id: int | None) -> None:
@@ -68,10 +78,12 @@ def load_processor(path: Path, task: str) -> Any:
     """The tokenizer (text tasks) or image processor saved beside the model."""
     import transformers
 
+    if not (path / "config.json").exists():
+        raise _bad_folder(path, task, FileNotFoundError("no config.json"))
+    check_model_folder(path)
+    auto = transformers.AutoImageProcessor if task == "image-classification" else transformers.AutoTokenizer
     try:
-        if task == "image-classification":
-            return transformers.AutoImageProcessor.from_pretrained(path, local_files_only=True)
-        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return auto.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad_folder(path, task, exc) from None
 
@@ -88,13 +100,22 @@ def lora_targets(model: torch.nn.Module, wanted: list[str]) -> list[str]:
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     names = leaf_names(model)
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _adaptable(m) and n})
+    linear = linear_names(model)
     if wanted:
+        wanted = [printable(t) for t in wanted]
         missing = [t for t in wanted if t.rsplit(".", 1)[-1] not in names]
         if missing:
             raise FluxClusterError(
                 f"train.lora_targets: {', '.join(missing)} not in the model "
                 f"({type(model).__name__}); its linear modules: {', '.join(linear)}"
+            )
+        # the head is trained whole (modules_to_save): peft refuses it as a target too, with a traceback
+        heads = [t for t in wanted if t.rsplit(".", 1)[-1] in HEADS]
+        if heads:
+            raise FluxClusterError(
+                f"train.lora_targets: {', '.join(heads)} is the classification head of the model "
+                f"({type(model).__name__}), trained whole without an adapter; expected some of its other "
+                f"linear modules: {', '.join(linear)}"
             )
         # present but no Linear/Conv1D (a LayerNorm, a whole block): peft would refuse with a traceback
         other = [t for t in wanted if t.rsplit(".", 1)[-1] not in linear]
@@ -113,6 +134,13 @@ def lora_targets(model: torch.nn.Module, wanted: list[str]) -> list[str]:
             f"its linear modules: {', '.join(linear)}"
         )
     return found
+
+
+def linear_names(model: torch.nn.Module) -> list[str]:
+    """The leaf names of the model's modules an adapter can go on (Linear, GPT-2's Conv1D), heads aside."""
+    return sorted(
+        {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _adaptable(m) and n} - set(HEADS)
+    )
 
 
 def _adaptable(module: torch.nn.Module) -> bool:
@@ -139,4 +167,10 @@ def add_lora(model: torch.nn.Module, targets: list[str], rank: int, alpha: float
         modules_to_save=heads or None,
         fan_in_fan_out=transposed,
     )
-    return get_peft_model(model, config)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # peft's own refusals (NoMatchingPeftModuleError and others)
+        raise FluxClusterError(
+            f"train.lora_targets: {', '.join(targets)}: peft cannot adapt them ({first_line(exc)}); "
+            f"expected some of the model's linear modules: {', '.join(linear_names(model))}"
+        ) from None

@@ -23,7 +23,8 @@ from mlperf_logging.mllog import constants as c
 
 from flux_cluster.config.hf import SYNTHETIC
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.hf.data import SampleError, Splits, load_data
+from flux_cluster.hf.data import PeerSampleError, SampleError, Splits, load_data, take
+from flux_cluster.hf.inputs import check_seq_len
 from flux_cluster.hf.meter import HfMeter, count_flops, peak_tflops, tokens_in
 from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets, match_padding
 from flux_cluster.hf.parallel import check_dp_gpus, devices_per_process, wrap
@@ -65,6 +66,8 @@ def run(ctx: JobContext, info: DistInfo) -> int:
         return _train(ctx, info, stop)
     except FluxClusterError as exc:
         # every rank reads the same files: one line is enough, but a sample only this rank met is its to say
+        if isinstance(exc, PeerSampleError):  # the rank that met the sample says which
+            return 1
         if info.rank == 0 or isinstance(exc, SampleError):
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -109,8 +112,9 @@ def steps_per_epoch(train_samples: int, global_batch: int) -> int:
 
 
 def _batch(split: dict[str, Any], index: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The samples at index, on the host (images decoded now: flux_cluster/hf/data.py's LazyImages)."""
-    return {key: value[index] for key, value in split.items()}
+    """The samples at index, on the host (images decoded now: flux_cluster/hf/data.py's take, a collective
+    for images)."""
+    return take(split, index)
 
 
 def _on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -148,6 +152,7 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[JobContext, torch.nn.Modu
     hf = ctx.system.hf
     assert hf.model is not None and hf.task is not None
     folder, task = Path(hf.model), hf.task
+    check_seq_len(folder, task, hf.seq_len)  # before any text is tokenized or made
     if hf.data == SYNTHETIC:
         model = load_model(folder, task)
         match_padding(model, getattr(model.config, "eos_token_id", None))
@@ -159,14 +164,6 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[JobContext, torch.nn.Modu
         match_padding(model, getattr(processor, "pad_token_id", None))  # load_data may have set it
     ctx = fit_batch_at_start(ctx, Splits.size(data.train))
     cfg = ctx.plan.train
-    positions = getattr(model.config, "max_position_embeddings", None) or getattr(
-        model.config, "n_positions", None
-    )
-    if task != "image-classification" and positions and hf.seq_len > positions:
-        raise FluxClusterError(
-            f"hf.seq_len: {hf.seq_len} is longer than the {positions} positions of {folder}; "
-            f"expected at most {positions}"
-        )
     params = sum(p.numel() for p in model.parameters())
     if cfg.mode == "lora":
         targets = lora_targets(model, list(cfg.lora_targets))

@@ -6,6 +6,7 @@ torchrun's ChildFailedError traceback and exit code 1. The ranks print their own
 """
 
 import logging
+import os
 import signal
 import sys
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     # A killed job.sh (kill -9) takes this agent with it, and the agent its ranks (they die with it):
     # SIGTERM, which the agent handles by stopping the ranks, rather than leaving them training.
     die_with_parent(signal.SIGTERM)
+    no_stdin()
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -59,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         return code
     return 0
+
+
+def no_stdin() -> None:
+    """torchrun and the ranks it starts read end-of-file from stdin, not a terminal or a pipe: a library's
+    prompt (transformers' "run the custom code? [y/N]") is never answered by what a user types or pipes
+    into a job script run by hand. (sbatch already gives a batch script /dev/null.)"""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
 
 
 def _stop_once() -> None:

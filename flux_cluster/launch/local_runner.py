@@ -33,6 +33,7 @@ def run_local(script_path: Path, run_dir: Path, echo: bool = True) -> int:
         log_path.open("ab") as log,
         subprocess.Popen(
             ["bash", str(script_path)],
+            stdin=subprocess.DEVNULL,  # nothing typed or piped reaches a rank (a library's y/N prompt)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=run_dir,

@@ -9,6 +9,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -80,6 +81,31 @@ def _header_entries(
     return entries
 
 
+def _checked_header(
+    f: BinaryIO, file: Path
+) -> tuple[int, list[tuple[str, torch.dtype, list[int], int, int]]]:
+    """(header length, entries) of the safetensors file open as f: its length, JSON, dtypes, shapes and
+    offsets checked against the file's size; nothing allocated but the header's bytes."""
+    total = os.fstat(f.fileno()).st_size
+    length = int.from_bytes(f.read(8), "little") if total >= 8 else -1
+    if not 2 <= length <= min(_HEADER_LIMIT, total - 8):
+        raise OutsideFileError(
+            f"{file}: safetensors header length {length} in a file of {total} bytes; expected 2 to "
+            f"{min(_HEADER_LIMIT, max(total - 8, 0))}"
+        )
+    header = parse_json(f.read(length), file)
+    return length, _header_entries(file, total - 8 - length, header)
+
+
+def check_safetensors(file: Path) -> dict[str, list[int]]:
+    """The tensors of a safetensors file we do not control (name: shape), once its header is checked as
+    read_safetensors checks it (OutsideFileError, one line naming the file, otherwise); no tensor is read.
+    For a file another library then loads (transformers): its own reader trusts less of the header."""
+    with open_regular(file.resolve()) as f:
+        _, entries = _checked_header(f, file)
+    return {name: shape for name, _, shape, _, _ in entries}
+
+
 def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Each tensor of a safetensors file in its stored dtype, one at a time in file order, read into its own
     memory (not memory-mapped, unlike safetensors' loaders: a mapped file's pages count in the process's
@@ -90,15 +116,8 @@ def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     regular file, or not what a safetensors file is: its header's length, JSON, dtypes, shapes and offsets
     are all checked against the file's size before any tensor is allocated. OSError when reading fails."""
     with open_regular(file.resolve()) as f:
-        total = os.fstat(f.fileno()).st_size
-        length = int.from_bytes(f.read(8), "little") if total >= 8 else -1
-        if not 2 <= length <= min(_HEADER_LIMIT, total - 8):
-            raise OutsideFileError(
-                f"{file}: safetensors header length {length} in a file of {total} bytes; expected 2 to "
-                f"{min(_HEADER_LIMIT, max(total - 8, 0))}"
-            )
-        header = parse_json(f.read(length), file)
-        for name, dtype, shape, begin, end in _header_entries(file, total - 8 - length, header):
+        length, entries = _checked_header(f, file)
+        for name, dtype, shape, begin, end in entries:
             tensor = torch.empty(shape, dtype=dtype)
             f.seek(8 + length + begin)
             if f.readinto(tensor.reshape(-1).view(torch.uint8).numpy()) != end - begin:
@@ -116,19 +135,24 @@ def transformer_files(path: Path) -> tuple[Path, list[Path]] | None:
     if (folder / SAFETENSORS_WEIGHTS_NAME).is_file():
         return folder, [folder / SAFETENSORS_WEIGHTS_NAME]
     index = folder / SAFE_WEIGHTS_INDEX_NAME
-    if index.is_file():
-        try:  # resolved: a Hugging Face cache snapshot's files are symlinks into its blobs/
-            shards = read_json_object(index.resolve(), limit=64 * MIB).get("weight_map")
-        except OutsideFileError as exc:
-            raise FluxClusterError(str(exc)) from None
-        if not isinstance(shards, dict) or not all(
-            isinstance(v, str) and v not in ("", ".", "..") and not {"/", "\\", "\0"} & set(v)
-            for v in shards.values()
-        ):
-            raise FluxClusterError(
-                f"{index}: weight_map: expected an object of tensor names to file names in {folder}"
-            )
-        if not shards:
-            raise FluxClusterError(f"{index}: weight_map is empty; expected the tensor names and their files")
-        return folder, [folder / name for name in sorted(set(shards.values()))]
-    return None
+    return (folder, index_shards(index)) if index.is_file() else None
+
+
+def index_shards(index: Path) -> list[Path]:
+    """The safetensors files a ``model.safetensors.index.json`` names (its weight_map's values), each a plain
+    file name beside it (no folder, no '..'); anything else is one FluxClusterError line naming index."""
+    folder = index.parent
+    try:  # resolved: a Hugging Face cache snapshot's files are symlinks into its blobs/
+        shards = read_json_object(index.resolve(), limit=64 * MIB).get("weight_map")
+    except OutsideFileError as exc:
+        raise FluxClusterError(str(exc)) from None
+    if not isinstance(shards, dict) or not all(
+        isinstance(v, str) and v not in ("", ".", "..") and not {"/", "\\", "\0"} & set(v)
+        for v in shards.values()
+    ):
+        raise FluxClusterError(
+            f"{index}: weight_map: expected an object of tensor names to file names in {folder}"
+        )
+    if not shards:
+        raise FluxClusterError(f"{index}: weight_map is empty; expected the tensor names and their files")
+    return [folder / name for name in sorted(set(shards.values()))]

@@ -5,6 +5,7 @@ by SIGUSR1 mid-epoch and its resume, and a mismatched LoRA target (one line, exi
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,7 @@ def test_each_task_parallel_mode_amp_and_lora_on_two_gloo_ranks(tmp_path: Path, 
         "hf.seq_len=16,train.parallel=fsdp,train.micro_batch_size=1,train.global_batch_size=4,"
         "train.epochs=2,train.log_every_steps=1,train.checkpoint_every_steps=2"
     )
+    bad_images, bad_name = _one_bad_image(m, tmp_path)
     cases = [
         ("causal", causal),
         ("stopped@2", causal),  # the signal at step 2 is agreed (one step late) after step 3
@@ -140,6 +142,11 @@ def test_each_task_parallel_mode_amp_and_lora_on_two_gloo_ranks(tmp_path: Path, 
             f"hf.model={m / 'bert'},hf.task=text-classification,hf.data=synthetic,train.mode=lora,"
             f"train.lora_targets=[to_q],{small}",
         ),
+        # one image only one rank reads cannot be decoded: that rank's line, the other rank quiet
+        (
+            "bad_image",
+            f"hf.model={m / 'vit'},hf.task=image-classification,hf.data={bad_images},{small}",
+        ),
     ]
     args = [x for name, sets in cases for x in (str(tmp_path / name), sets)]
     script = Path(__file__).with_name("hf_cases.py")
@@ -156,7 +163,7 @@ def test_each_task_parallel_mode_amp_and_lora_on_two_gloo_ranks(tmp_path: Path, 
         [*command, *args], capture_output=True, text=True, env=env, timeout=300, check=False
     )
     output = done.stdout + done.stderr
-    assert done.returncode == 0 and "exit codes: [0, 75, 0, 0, 0, 1]" in output, output[-4000:]
+    assert done.returncode == 0 and "exit codes: [0, 75, 0, 0, 0, 1, 1]" in output, output[-4000:]
     check_metrics(tmp_path / "causal", "causal-lm", "fsdp", "fp32", "finetune", epochs=2)
     check_metrics(tmp_path / "stopped", "causal-lm", "fsdp", "fp32", "finetune", epochs=2)
     assert "stopped by a signal at step 3" in output and "resumed from " in output
@@ -179,3 +186,20 @@ def test_each_task_parallel_mode_amp_and_lora_on_two_gloo_ranks(tmp_path: Path, 
     # anywhere on a line: another rank's progress bar (no newline) may come first
     errors = re.findall(r"error: train\.lora_targets: [^\n]*", output)
     assert len(errors) == 1 and "to_q not in the model" in errors[0] and "query" in errors[0], output[-4000:]
+    bad = re.findall(r"error: hf\.data: [^\n]*", output)
+    assert len(bad) == 1 and f"{bad_name}: expected an image, cannot be read" in bad[0], output[-4000:]
+    assert "Traceback" not in output and "Connection closed" not in output, output[-4000:]
+
+
+def _one_bad_image(inputs: Path, tmp_path: Path) -> tuple[Path, str]:
+    """The tiny imagefolder with its last train image (after the job's shuffle, seed 7) not an image: one
+    rank alone meets it, in a step (not among the first samples every rank decodes to count FLOPs)."""
+    from flux_cluster.config.hf import HfConfig
+    from flux_cluster.hf.data import read_splits, shuffled
+
+    folder = tmp_path / "bad_images"
+    shutil.copytree(inputs / "images", folder)
+    train, _ = read_splits(folder, HfConfig())  # every row, in file order
+    last = Path(shuffled(train, 7)["image"][-1])
+    last.write_bytes(b"not a png")
+    return folder, f"{last.parent.name}/{last.name}"

@@ -118,8 +118,12 @@ class FluxEncoders:
             try:
                 from diffusers import FluxPipeline
 
-                pipe = FluxPipeline.from_pretrained(
-                    pipeline_dir, transformer=None, local_files_only=True, dtype=dtype
+                pipe = FluxPipeline.from_pretrained(  # never the folder's own code
+                    pipeline_dir,
+                    transformer=None,
+                    local_files_only=True,
+                    dtype=dtype,
+                    trust_remote_code=False,
                 )
                 pipe.to(device)
             except Exception as exc:  # diffusers/transformers raise many kinds; the user needs one line

@@ -126,7 +126,9 @@ def test_bad_model_folder_is_one_line(tmp_path: Path) -> None:
     ):
         load_model(tmp_path, "causal-lm")
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-    with pytest.raises(FluxClusterError, match=f"^hf.model: {tmp_path}: expected") as error:
+    with pytest.raises(
+        FluxClusterError, match=f"^hf.model: {tmp_path}: no model.safetensors .*expected"
+    ) as error:
         load_model(tmp_path, "causal-lm")  # no weights
     assert "\n" not in str(error.value)
 
