@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from flux_cluster.errors import FluxClusterError
+from flux_cluster.errors import FluxClusterError, allocation_failed
 
 AUTO_CLASSES = {
     "text-classification": "AutoModelForSequenceClassification",
@@ -45,7 +45,12 @@ def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn
         return auto.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad_folder(path, task, exc) from None
-    except RuntimeError as exc:  # transformers' size mismatch (its report goes to the log above)
+    except (RuntimeError, MemoryError) as exc:  # transformers' size mismatch (its report goes to the log)
+        if allocation_failed(exc):  # not a file that does not fit: the model config.json gives is too big
+            raise FluxClusterError(
+                f"hf.model: {path}: out of memory building the model its config.json gives "
+                f"({_first_line(exc)})"
+            ) from None
         raise FluxClusterError(
             f"hf.model: {path}: the weights do not have the shapes config.json gives; expected the "
             f"config.json saved with them ({_first_line(exc)})"

@@ -7,7 +7,7 @@ size before a byte is allocated.
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -80,7 +80,9 @@ def _header_entries(
     return entries
 
 
-def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def read_safetensors(
+    file: Path, wanted: Callable[[str, torch.dtype, list[int]], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Each tensor of a safetensors file in its stored dtype, one at a time in file order, read into its own
     memory (not memory-mapped, unlike safetensors' loaders: a mapped file's pages count in the process's
     memory until it is closed). A symlink is followed (a Hugging Face cache snapshot's files point into
@@ -88,7 +90,10 @@ def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
     Raises OutsideFileError (a FluxClusterError, one line naming the file) when the file is missing, not a
     regular file, or not what a safetensors file is: its header's length, JSON, dtypes, shapes and offsets
-    are all checked against the file's size before any tensor is allocated. OSError when reading fails."""
+    are all checked against the file's size before any tensor is allocated. OSError when reading fails.
+    ``wanted(name, dtype, shape)``, called for every entry before any tensor is allocated, says which to
+    read (others are skipped, never allocated) and may raise: a caller checks the header against what it
+    expects (the shapes a config gives) before a byte of tensor data is held."""
     with open_regular(file.resolve()) as f:
         total = os.fstat(f.fileno()).st_size
         length = int.from_bytes(f.read(8), "little") if total >= 8 else -1
@@ -98,7 +103,10 @@ def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 f"{min(_HEADER_LIMIT, max(total - 8, 0))}"
             )
         header = parse_json(f.read(length), file)
-        for name, dtype, shape, begin, end in _header_entries(file, total - 8 - length, header):
+        entries = _header_entries(file, total - 8 - length, header)
+        if wanted is not None:
+            entries = [entry for entry in entries if wanted(*entry[:3])]
+        for name, dtype, shape, begin, end in entries:
             tensor = torch.empty(shape, dtype=dtype)
             f.seek(8 + length + begin)
             if f.readinto(tensor.reshape(-1).view(torch.uint8).numpy()) != end - begin:
