@@ -13,7 +13,6 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
@@ -21,6 +20,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from flux_cluster.config.section import SECTION
 
 CHECKPOINT_MODES = ("full", "alternate", "single", "ops", "none")
 """The fixed activation-checkpointing modes; besides them 'auto' and 'ops+N' (ops_whole_blocks)."""
@@ -63,7 +64,7 @@ ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
 
 
 class SyntheticDataConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = SECTION
 
     train: int = Field(default=4096, ge=1)
     """Train samples to generate."""
@@ -76,7 +77,7 @@ class SyntheticDataConfig(BaseModel):
 
 
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = SECTION
 
     benchmark: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")] = "flux1"
     """Workload file: configs/benchmarks/<benchmark>.yaml (model shapes, batch-size presets, MLPerf facts)."""

@@ -232,3 +232,54 @@ def test_systems_show_calls_fp8_experimental_with_its_measured_ratio(cli: CliRun
     assert fp8.exit_code == 0 and FP8_STATUS in fp8.output and "1.16x" in FP8_STATUS
     bf16 = cli.invoke(app, ["systems", "show", "dgx_h100x8"])
     assert bf16.exit_code == 0 and "experimental" not in bf16.output
+
+
+def _float_fields() -> list[tuple[str, str]]:
+    """(model, field) of every float setting of every config model (found, not listed: a new field or
+    model is covered by the one rule and by this test)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from flux_cluster.config import hf, schema, training, workload
+
+    models = {
+        value
+        for module in (schema, training, workload, hf)
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
+    }
+
+    def has_float(annotation: object) -> bool:
+        return annotation is float or any(has_float(arg) for arg in typing.get_args(annotation))
+
+    return sorted(
+        (model.__name__, name)
+        for model in models
+        for name, info in model.model_fields.items()
+        if has_float(info.annotation)
+    )
+
+
+def test_every_float_setting_refuses_infinity_and_nan_by_one_rule() -> None:
+    """train.learning_rate=1e400 and train.target=.inf were accepted (only NaN failed, by the bounds):
+    every config model's floats are finite (config/section.py)."""
+    from flux_cluster.config import hf, schema, training, workload
+
+    fields = _float_fields()
+    assert ("TrainConfig", "learning_rate") in fields and ("TrainConfig", "target") in fields
+    assert ("SystemConfig", "price_per_gpu_hour") in fields and ("FinetuneFacts", "learning_rate") in fields
+    for model_name, field in fields:
+        model = next(vars(m)[model_name] for m in (schema, training, workload, hf) if model_name in vars(m))
+        assert model.model_config.get("allow_inf_nan") is False, (model_name, field)
+
+
+@pytest.mark.parametrize("value", ["1e400", ".inf", "-.inf", ".nan"])
+@pytest.mark.parametrize(
+    "key", ["train.learning_rate", "train.target", "price_per_gpu_hour", "hf.val_fraction"]
+)
+def test_an_infinite_setting_is_one_line_naming_the_key(value: str, key: str) -> None:
+    with pytest.raises(FluxClusterError) as caught:
+        load_system("local", [f"{key}={value}"])
+    message = str(caught.value)
+    assert f"{key}: got" in message and "expected a finite number" in message and "\n" not in message
