@@ -260,8 +260,9 @@ def _load_pipeline(
     from diffusers import FluxKontextPipeline, FluxPipeline
 
     from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
+    from flux_cluster.training.pretrained import check_headers
 
-    read_transformer_config(folder)  # its shapes within bounds before diffusers builds the model
+    check_headers(folder)  # config.json's shapes and the weights' headers, before diffusers builds it
     try:
         with no_progress_bars(), held_transformers_logs():
             kind = FluxKontextPipeline if kontext else FluxPipeline
@@ -402,7 +403,10 @@ def _apply_weights(
         return
     from diffusers import FluxTransformer2DModel
 
+    from flux_cluster.training.pretrained import check_headers
+
     _check_transformer_fits(pipe.transformer, weights, pipeline)
+    check_headers(weights)
     try:
         with no_progress_bars(), held_transformers_logs():
             tuned = FluxTransformer2DModel.from_pretrained(weights, dtype=dtype, local_files_only=True)

@@ -134,10 +134,30 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
     tensors the model does not have are ignored (one notice line); a missing, wrong-shaped or integer one, a
     damaged file or config.json, is one FluxClusterError line naming the file, checked before anything is
     quantized."""
-    from diffusers import FluxTransformer2DModel
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    opened = _open(path, precision)
+    if opened is None:
+        return None
+    reader, files = opened
+    _read(reader, files)
+    return reader.finish(files[0])
+
+
+def check_headers(path: Path) -> None:
+    """load_streaming's checks of a checkpoint others read whole (evaluate's diffusers pipeline and
+    fine-tuned transformer): its config.json's bounds, and every safetensors header entry against that
+    config (shape, floating point), reading no tensor. One FluxClusterError line naming the file and key."""
+    opened = _open(path, "fp32")
+    if opened is not None:
+        _read(*opened, headers_only=True)
+
+
+def _open(path: Path, precision: str) -> tuple["_Reader", list[Path]] | None:
+    """The reader of a checkpoint's safetensors files, over the model its checked config.json makes on the
+    meta device; None when it has no safetensors weights."""
+    from diffusers import FluxTransformer2DModel
+
     prequantized = _quantized_file(path)
     found = (prequantized.parent, [prequantized]) if prequantized else transformer_files(path)
     if found is None:
@@ -155,16 +175,24 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
             f"{folder / 'config.json'}: not a FLUX transformer config ({_short(exc)}); expected the "
             f"config.json{written}"
         ) from None
-    reader = _Reader(folder / "config.json", model, precision, prequantized is not None)
+    return _Reader(folder / "config.json", model, precision, prequantized is not None), files
+
+
+def _read(reader: "_Reader", files: list[Path], headers_only: bool = False) -> None:
+    """Every tensor of files into reader (headers_only: each header entry checked, none read)."""
     for file in files:
+        wanted = reader.wanted(file)
+        check = (lambda *entry, wanted=wanted: wanted(*entry) and False) if headers_only else wanted
         try:
-            for key, tensor in read_safetensors(file, reader.wanted(file)):
+            for key, tensor in read_safetensors(file, check):
                 reader.add(file, key, tensor)
                 del tensor  # the full-precision weight goes now, not at the next one
         except OutsideFileError as exc:
-            raise FluxClusterError(f"{exc}{expected}") from None
+            raise FluxClusterError(f"{exc}{reader.expected}") from None
         except OSError as exc:
-            raise FluxClusterError(f"{file}: cannot be read ({exc.strerror or exc}){expected}") from None
+            raise FluxClusterError(
+                f"{file}: cannot be read ({exc.strerror or exc}){reader.expected}"
+            ) from None
         except (MemoryError, RuntimeError) as exc:
             if not allocation_failed(exc):
                 raise
@@ -172,7 +200,6 @@ def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
                 f"{file}: out of host memory while reading it ({_short(exc)}); the model its config.json "
                 "gives needs more than this process may allocate"
             ) from None
-    return reader.finish(files[0])
 
 
 class _Reader:

@@ -330,3 +330,31 @@ def test_a_damaged_lora_header_is_one_line(adapted: tuple[torch.nn.Module, Path]
     file.write_bytes(lora.read_bytes()[:100])
     message = one_line(M.load_lora_init, model, file, 4, ["to_q"])
     assert str(file) in message and "header" in message
+
+
+def test_evaluate_checks_the_weights_diffusers_reads_with_the_same_reader(
+    tiny_pipeline: Path, tmp_path: Path
+) -> None:
+    """A damaged pipeline transformer and an integer fine-tuned transformer: one line naming the file and
+    tensor before diffusers reads them (it took the integers, casting them)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from flux_cluster.evaluate.run import _apply_weights, _load_pipeline
+
+    cpu = torch.device("cpu")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_pipeline, damaged)
+    file = damaged / "transformer" / WEIGHTS
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    message = one_line(_load_pipeline, damaged, cpu, torch.float32)
+    assert message.startswith(str(file)) and "truncated" in message
+    tuned = tmp_path / "tuned"
+    shutil.copytree(tiny_pipeline / "transformer", tuned)
+    state = load_file(tuned / WEIGHTS)
+    state["x_embedder.weight"] = state["x_embedder.weight"].to(torch.int32)
+    save_file(state, tuned / WEIGHTS)
+    pipe = _load_pipeline(tiny_pipeline, cpu, torch.float32)
+    message = one_line(_apply_weights, pipe, tuned, "transformer", tiny_pipeline, cpu, torch.float32)
+    assert message.startswith(str(tuned / WEIGHTS)) and "x_embedder.weight: int32 values" in message
