@@ -71,6 +71,9 @@ def test_the_base_column_is_labelled_with_its_precision() -> None:
     assert headers == ["", "base", "tuned"]
     headers = [str(c.header) for c in results_table({**document, "base_precision": "nf4"}).columns]
     assert headers == ["", "base nf4", "tuned"]
+    # TARGET's name in the title: markup shown as typed, control characters spelled out
+    title = results_table({**document, "target": "runs/[bold]x\x1b[2J"}).title
+    assert title == "evaluate runs/\\[bold]x\\x1b[2J on cpu"
 
 
 def test_the_nf4_code_book_is_made_on_the_packed_weights_device_and_not_saved() -> None:
