@@ -179,8 +179,9 @@ class TrainConfig(BaseModel):
     guidance learns from). Set one of the two, or both to the same value."""
     guidance_scale: float = Field(default=3.5, ge=0)
     """Guidance value fed to guidance-distilled checkpoints (FLUX.1-dev) while training; others ignore it."""
-    lora_rank: int = Field(default=16, ge=1)
-    """LoRA rank (mode 'lora')."""
+    lora_rank: int = Field(default=16, ge=1, le=4096)
+    """LoRA rank (mode 'lora'), at most 4096: past a layer's width (FLUX.1: 3072) a rank adapts nothing
+    more, and a rank of 10**20 would only fail to allocate."""
     lora_alpha: float = Field(default=16.0, gt=0)
     """LoRA alpha; the adapter output is scaled by alpha / rank."""
     base_precision: BasePrecision = "bf16"

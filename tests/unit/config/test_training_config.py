@@ -283,3 +283,9 @@ def test_an_infinite_setting_is_one_line_naming_the_key(value: str, key: str) ->
         load_system("local", [f"{key}={value}"])
     message = str(caught.value)
     assert f"{key}: got" in message and "expected a finite number" in message and "\n" not in message
+
+
+def test_a_lora_rank_past_any_layers_width_is_one_line() -> None:
+    with pytest.raises(FluxClusterError, match=r"train.lora_rank: got 10{20} \(int\), .*4096"):
+        load_system("local", ["train.lora_rank=" + "1" + "0" * 20])
+    assert load_system("local", ["train.lora_rank=4096"]).config.train.lora_rank == 4096
