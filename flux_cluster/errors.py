@@ -43,3 +43,15 @@ def write_error(path: str | os.PathLike[str], exc: BaseException) -> FluxCluster
         return FluxClusterError(f"{full} while writing {path}: free space and rerun")
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).strip()
     return FluxClusterError(f"{path}: {reason.splitlines()[0] if reason else type(exc).__name__}")
+
+
+def allocation_failed(exc: BaseException) -> bool:
+    """Whether exc (or a cause of it) is a failed allocation: MemoryError, torch's OutOfMemoryError, or the
+    RuntimeError torch's CPU allocator raises ("DefaultCPUAllocator: can't allocate memory"), which
+    libraries loading weights otherwise report as a file that does not fit."""
+    return any(
+        isinstance(cause, MemoryError)
+        or type(cause).__name__ == "OutOfMemoryError"
+        or (isinstance(cause, RuntimeError) and "can't allocate memory" in str(cause))
+        for cause in causes(exc)
+    )

@@ -13,6 +13,7 @@ from flux_cluster import __version__
 from flux_cluster.cli import data, evaluate, forecast, image, launch, models, report, runs, sweep, systems
 from flux_cluster.cli.console import Group, Typer
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.safe_text import printable
 
 
 def _usage_error_line(exc: UsageError) -> str:
@@ -43,12 +44,12 @@ class _CleanErrors(Group):
         except UsageError as exc:
             typer.echo(_usage_error_line(exc), err=True)
             raise typer.Exit(2) from None
-        except FluxClusterError as exc:
-            typer.echo(f"error: {exc}", err=True)
+        except FluxClusterError as exc:  # names from files and folders: control characters spelled out
+            typer.echo(f"error: {printable(str(exc))}", err=True)
             raise typer.Exit(2) from None
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
-            typer.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            typer.echo(printable(f"error: {where}{exc.strerror or exc}"), err=True)
             raise typer.Exit(2) from None
 
 

@@ -172,14 +172,20 @@ def encode(
     ],
     resolution: Annotated[
         int,
-        typer.Option("--resolution", help="Square training size: short side resized, then center-cropped."),
+        typer.Option(
+            "--resolution",
+            help="Square training size (a multiple of 16, at most 4096): short side resized, then "
+            "center-cropped.",
+        ),
     ] = 512,
     val_fraction: Annotated[
         float, typer.Option("--val-fraction", help="Share of images held out for the validation loss.")
     ] = 0.1,
     max_sequence_length: Annotated[
         int,
-        typer.Option("--max-sequence-length", help="T5 tokens per caption (schnell: up to 256, dev: 512)."),
+        typer.Option(
+            "--max-sequence-length", help="T5 tokens per caption, at most 512 (schnell: up to 256, dev: 512)."
+        ),
     ] = 256,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images per encoder forward.")] = 8,
     strict: Annotated[

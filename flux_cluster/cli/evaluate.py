@@ -53,13 +53,14 @@ GuidanceOption = Annotated[
     float | None,
     typer.Option("--guidance", min=0, help="Guidance \\[default: 0 schnell, 3.5 dev].", show_default=False),
 ]
-ResolutionOption = Annotated[int, typer.Option("--resolution", min=16, help="Square image size (pixels).")]
+ResolutionOption = Annotated[
+    int, typer.Option("--resolution", help="Square image size (pixels: a multiple of 16, at most 4096).")
+]
 MaxSequenceLengthOption = Annotated[
     int | None,
     typer.Option(
         "--max-sequence-length",
-        min=1,
-        help="T5 tokens \\[default: 256 schnell, 512 dev].",
+        help="T5 tokens, at most 512 \\[default: 256 schnell, 512 dev].",
         show_default=False,
     ),
 ]
@@ -84,7 +85,9 @@ OutputOption = Annotated[
         show_default=False,
     ),
 ]
-SeedOption = Annotated[int, typer.Option("--seed", help="Prompt i is generated with seed + i.")]
+SeedOption = Annotated[
+    int, typer.Option("--seed", help="Prompt i is generated with seed + i (0 to 2**63 - 1).")
+]
 SystemOption = Annotated[
     str | None,
     typer.Option(
@@ -144,7 +147,7 @@ def evaluate(
         overrides=overrides or [],
         runs_dir=runs_dir,
         dry_run=dry_run,
-        log=lambda line: console.print(line, highlight=False, soft_wrap=True),
+        log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
     )
     if done.result is not None:
         show_result(done.result)

@@ -79,7 +79,7 @@ def quantize(
     """Write SOURCE's transformer with its linear weights quantized as LoRA training on a quantized base
     stores them (train.base_precision fp8 or nf4), so a run loads a half (fp8) or quarter (nf4) of the
     bf16 bytes: --set train.pretrained_path=OUT --set train.base_precision=PRECISION."""
-    from flux_cluster.training.quantized_base import save_quantized  # imports torch and diffusers
+    from flux_cluster.training.pretrained import save_quantized  # imports torch and diffusers
 
     written = save_quantized(source, out, precision.value)
     typer.echo(

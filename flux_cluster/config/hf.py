@@ -11,7 +11,9 @@ Model hubs are never contacted: the model folder and the data are local.
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from flux_cluster.config.section import SECTION
 
 HF_BENCHMARK = "hf"
 """The train.benchmark name of the workload (configs/benchmarks/hf.yaml)."""
@@ -21,7 +23,7 @@ SYNTHETIC = "synthetic"
 
 
 class HfConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = SECTION
 
     model: str | None = None
     """Local model folder (config.json and weights, as save_pretrained writes it, with its tokenizer or

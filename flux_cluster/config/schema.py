@@ -20,6 +20,7 @@ from pydantic import (
 from flux_cluster.config.hf import HfConfig
 from flux_cluster.config.image_names import REGISTRY, default_image, is_file_image
 from flux_cluster.config.reserved import env_name_problem
+from flux_cluster.config.section import SECTION
 from flux_cluster.config.training import TrainConfig
 from flux_cluster.mlperf_rules import Ruleset
 
@@ -107,9 +108,7 @@ Mount = Annotated[str, AfterValidator(_check_mount)]
 
 class _Section(BaseModel):
     # '--set slurm.walltime=90' arrives as an int: text fields take numbers as their decimal text.
-    model_config = ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, frozen=True, coerce_numbers_to_str=True
-    )
+    model_config = ConfigDict(**SECTION, coerce_numbers_to_str=True)
 
 
 class SlurmConfig(_Section):
@@ -306,9 +305,7 @@ class MlperfConfig(_Section):
 
 
 class SystemConfig(_Section):
-    model_config = ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, frozen=True, coerce_numbers_to_str=True
-    )
+    model_config = ConfigDict(**SECTION, coerce_numbers_to_str=True)
 
     name: PlainName
     """System name (the config file's name)."""

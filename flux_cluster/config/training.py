@@ -13,7 +13,6 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
@@ -21,6 +20,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from flux_cluster.config.section import SECTION
 
 CHECKPOINT_MODES = ("full", "alternate", "single", "ops", "none")
 """The fixed activation-checkpointing modes; besides them 'auto' and 'ops+N' (ops_whole_blocks)."""
@@ -69,7 +70,7 @@ ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]+$")]
 
 
 class SyntheticDataConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = SECTION
 
     train: int = Field(default=4096, ge=1)
     """Train samples to generate."""
@@ -82,7 +83,7 @@ class SyntheticDataConfig(BaseModel):
 
 
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = SECTION
 
     benchmark: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")] = "flux1"
     """Workload file: configs/benchmarks/<benchmark>.yaml (model shapes, batch-size presets, MLPerf facts)."""
@@ -184,8 +185,9 @@ class TrainConfig(BaseModel):
     guidance learns from). Set one of the two, or both to the same value."""
     guidance_scale: float = Field(default=3.5, ge=0)
     """Guidance value fed to guidance-distilled checkpoints (FLUX.1-dev) while training; others ignore it."""
-    lora_rank: int = Field(default=16, ge=1)
-    """LoRA rank (mode 'lora')."""
+    lora_rank: int = Field(default=16, ge=1, le=4096)
+    """LoRA rank (mode 'lora'), at most 4096: past a layer's width (FLUX.1: 3072) a rank adapts nothing
+    more, and a rank of 10**20 would only fail to allocate."""
     lora_alpha: float = Field(default=16.0, gt=0)
     """LoRA alpha; the adapter output is scaled by alpha / rank."""
     base_precision: BasePrecision = "bf16"

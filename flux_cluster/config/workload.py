@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from flux_cluster.config.batch_fit import BatchFit, fit_batch
 from flux_cluster.config.schema import SystemConfig
+from flux_cluster.config.section import SECTION
 from flux_cluster.config.training import FluxPrecision, HfPrecision, TrainConfig
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.mlperf_rules import closed_division_deviations
@@ -62,7 +63,7 @@ class ModelShape:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION
 
 
 class MlperfFacts(_Strict):

@@ -6,7 +6,6 @@ fine-tuned, and the grid shows control | base edit | fine-tuned edit. The pairs 
 folder the dataset was encoded from (its flux-encoded.json names it), by the names the shards record.
 """
 
-import json
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate.target import Target
-from flux_cluster.outside import OutsideFileError, read_json
+from flux_cluster.outside import OutsideFileError, parse_json, read_json
 from flux_cluster.safe_text import printable
 
 if TYPE_CHECKING:
@@ -43,18 +42,35 @@ def _encode_summary(data_root: Path) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
+_MAX_SAMPLE_JSON = 64 * 1024
+"""A sample's json member holds its key and a few numbers: a few hundred bytes."""
+
+
 def val_keys(data_root: Path) -> list[str]:
-    """The names of the val samples, in shard order, from the shards' json members."""
+    """The names of the val samples, in shard order, from the shards' json members (each bounded, its
+    "key" a string: a damaged or crafted shard is one line naming it)."""
     keys = []
     for shard in sorted((data_root / "val").glob("*.tar")):
+        where = printable(str(shard))
         try:
             with tarfile.open(shard) as archive:
                 for member in archive:
-                    if member.name.endswith(".json"):
-                        handle = archive.extractfile(member)
-                        keys.append(str(json.loads(handle.read())["key"]) if handle else "")
-        except (tarfile.TarError, OSError, ValueError, KeyError, TypeError) as exc:
-            raise FluxClusterError(f"{shard}: unreadable val shard ({exc})") from None
+                    if not member.name.endswith(".json"):
+                        continue
+                    handle = archive.extractfile(member) if member.size <= _MAX_SAMPLE_JSON else None
+                    sample = parse_json(handle.read(), shard) if handle else None
+                    key = sample.get("key") if isinstance(sample, dict) else None
+                    if not isinstance(key, str):
+                        name = printable(member.name[:200])
+                        raise FluxClusterError(
+                            f"{where}: {name}: expected a sample's json (at most {_MAX_SAMPLE_JSON:,} bytes) "
+                            'with its "key" string'
+                        )
+                    keys.append(key)
+        except OutsideFileError as exc:
+            raise FluxClusterError(printable(str(exc))) from None
+        except (tarfile.TarError, OSError, ValueError) as exc:
+            raise FluxClusterError(f"{where}: unreadable val shard ({printable(str(exc)[:200])})") from None
     return keys
 
 
@@ -70,7 +86,7 @@ def edit_inputs(target: Target, resolution: int) -> Edits | None:
     if summary is None or not is_edit_layout(str(summary.get("layout"))):
         return None
     folder = Path(str(summary.get("images")))
-    where = f"{target.data_root}: edit pairs encoded from {printable(str(folder))}"
+    where = printable(f"{target.data_root}: edit pairs encoded from {folder}")
     try:
         records = {r.name: r for r in scan_images(folder).records if isinstance(r, EditPair)}
     except ImageFolderError as exc:
@@ -78,7 +94,7 @@ def edit_inputs(target: Target, resolution: int) -> Edits | None:
     names = val_keys(target.data_root)[:MAX_EDITS]
     missing = [name for name in names if name not in records]
     if missing or not names:
-        first = f" (no pair {printable(missing[0])})" if missing else " (no val pairs)"
+        first = f" (no pair {printable(missing[0][:200])})" if missing else " (no val pairs)"
         raise FluxClusterError(f"{where}: the held-out pairs are not all there any more{first}")
     try:
         controls = [load_image(records[n].control, resolution, folder) for n in names]

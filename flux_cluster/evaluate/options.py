@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flux_cluster.config.transformer_config import resolution_problem, token_problem
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate import DEFAULT_RUNS
 
@@ -31,22 +32,31 @@ class EvalOptions:
 
 
 _PATHS = ("target", "model", "prompts", "clip", "output")
-_MINIMUMS = {"runs": 1, "warmup": 0, "steps": 1, "resolution": 16, "max_sequence_length": 1, "exp": 0}
-"""The least each integer option may be (seed: any integer)."""
+_MINIMUMS = {"runs": 1, "warmup": 0, "steps": 1, "exp": 0}
+"""The least each count may be (resolution, max_sequence_length and seed: check_options)."""
+
+
+MAX_SEED = 2**63 - 1
+"""torch's generator seeds (prompt i uses seed + i, i < 256: still in torch's range up to 2**64 - 1)."""
 
 
 def check_options(options: EvalOptions) -> None:
-    """What the CLI's option parser checks, for callers that come another way (api.evaluate, the job)."""
+    """The options' bounds, before anything loads: the CLI's, api.evaluate's and the job's (one
+    FluxClusterError line naming the option and its limit)."""
     for name, least in _MINIMUMS.items():
         value = getattr(options, name)
         if value is not None and value < least:
             raise FluxClusterError(f"--{name.replace('_', '-')} {value}: expected at least {least}")
-    if options.guidance is not None and options.guidance < 0:
-        raise FluxClusterError(f"--guidance {options.guidance}: expected at least 0")
-    if options.resolution % 16:
-        raise FluxClusterError(
-            f"--resolution {options.resolution}: expected a multiple of 16 (FLUX's latent patches)"
-        )
+    if options.guidance is not None and not 0 <= options.guidance < float("inf"):
+        raise FluxClusterError(f"--guidance {options.guidance}: expected a finite number, at least 0")
+    problem = resolution_problem(options.resolution)
+    if problem:
+        raise FluxClusterError(f"--resolution {options.resolution}: {problem}")
+    problem = None if options.max_sequence_length is None else token_problem(options.max_sequence_length)
+    if problem:
+        raise FluxClusterError(f"--max-sequence-length {options.max_sequence_length}: {problem}")
+    if not 0 <= options.seed <= MAX_SEED:
+        raise FluxClusterError(f"--seed {options.seed}: expected 0 to 2**63 - 1 (torch's seed range)")
 
 
 def options_to_json(options: EvalOptions) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
+from flux_cluster.config.transformer_config import read_transformer_config
 from flux_cluster.console import cli_console
-from flux_cluster.errors import FluxClusterError, write_error
+from flux_cluster.errors import FluxClusterError, allocation_failed, write_error
 from flux_cluster.evaluate import KIND, SCHEMA, base_label, first_line, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
 from flux_cluster.evaluate.edits import edit_inputs
@@ -23,6 +24,7 @@ from flux_cluster.evaluate.grid import grid_png, images_dir, save_images
 from flux_cluster.evaluate.latency import ImageProgress, Latency, measure_latency
 from flux_cluster.evaluate.options import EvalOptions
 from flux_cluster.evaluate.target import Target, is_pipeline, resolve_target
+from flux_cluster.safe_text import printable
 
 if TYPE_CHECKING:
     import torch
@@ -154,9 +156,9 @@ def evaluate(options: EvalOptions, runs_root: Path, log: Callable[[str], None] =
         check(pipe.transformer, target.weights, pipeline)
     settings = _settings(pipe, options)
     log(
-        f"evaluating {target.path} on {device.type}: {options.warmup} warm-up + {options.runs} timed "
-        f"generations per prompt x {len(prompts)} prompts per model, {settings.steps} steps, "
-        f"{settings.resolution}px"
+        f"evaluating {printable(str(target.path))} on {device.type}: {options.warmup} warm-up + "
+        f"{options.runs} timed generations per prompt x {len(prompts)} prompts per model, "
+        f"{settings.steps} steps, {settings.resolution}px"
     )
     controls = edits.controls if edits else None
     quantized = target.weights is not None and target.base_precision != "bf16"
@@ -258,18 +260,24 @@ def _load_pipeline(
     from diffusers import FluxKontextPipeline, FluxPipeline
 
     from flux_cluster.models.quiet import held_transformers_logs, no_progress_bars
+    from flux_cluster.training.pretrained import check_headers
 
+    check_headers(folder)  # config.json's shapes and the weights' headers, before diffusers builds it
     try:
         with no_progress_bars(), held_transformers_logs():
             kind = FluxKontextPipeline if kontext else FluxPipeline
-            # never the folder's own code (model_index.json can name a custom pipeline or component)
             pipe = kind.from_pretrained(folder, dtype=dtype, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise FluxClusterError(
-            f"--model {folder}: cannot load it as a FLUX pipeline ({first_line(exc)})"
-        ) from None
+    except (OSError, ValueError, KeyError, RuntimeError, MemoryError) as exc:
+        raise _load_error(f"--model {folder}: cannot load it as a FLUX pipeline", exc) from None
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
+
+
+def _load_error(what: str, exc: BaseException) -> FluxClusterError:
+    """One line for a failed from_pretrained: a failed allocation said as one, not as a damaged file."""
+    if allocation_failed(exc):
+        return FluxClusterError(printable(f"{what}: out of memory ({first_line(exc)})"))
+    return FluxClusterError(printable(f"{what} ({first_line(exc)})"))
 
 
 def _settings(pipe: "FluxPipeline", options: EvalOptions) -> Settings:
@@ -395,14 +403,15 @@ def _apply_weights(
         return
     from diffusers import FluxTransformer2DModel
 
+    from flux_cluster.training.pretrained import check_headers
+
     _check_transformer_fits(pipe.transformer, weights, pipeline)
+    check_headers(weights)
     try:
         with no_progress_bars(), held_transformers_logs():
             tuned = FluxTransformer2DModel.from_pretrained(weights, dtype=dtype, local_files_only=True)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise FluxClusterError(
-            f"{weights}: cannot load it as a FLUX transformer ({first_line(exc)})"
-        ) from None
+    except (OSError, ValueError, KeyError, RuntimeError, MemoryError) as exc:
+        raise _load_error(f"{weights}: cannot load it as a FLUX transformer", exc) from None
     pipe.transformer = tuned.to(device)
 
 
@@ -430,9 +439,7 @@ def _no_text_encoder_lora_notice() -> Iterator[None]:
 
 def _check_transformer_fits(base: "torch.nn.Module", weights: Path, pipeline: Path) -> None:
     """A fine-tuned transformer folder of the same model: the shapes the pipeline's encoders feed it."""
-    from flux_cluster.outside import read_json_object
-
-    config = read_json_object(os.path.realpath(weights / "config.json"))
+    config = read_transformer_config(weights)
     keys = ("in_channels", "joint_attention_dim", "pooled_projection_dim", "guidance_embeds")
     differ = [k for k in keys if config.get(k) != base.config.get(k)]  # type: ignore[operator]
     if differ:
@@ -445,13 +452,9 @@ def _check_lora_fits(transformer: "torch.nn.Module", weights: Path, pipeline: Pa
     """Every layer a diffusers-format LoRA adapts exists in the transformer with the LoRA's shapes: checked
     from the file's header before anything is generated (peft's own error comes after the base model ran,
     as a table of every mismatch). Other formats (kohya, ...) are left to diffusers' converters."""
-    from safetensors import safe_open
+    from flux_cluster.training.model import read_lora
 
-    try:
-        with safe_open(weights, framework="pt") as handle:
-            shapes = {key: handle.get_slice(key).get_shape() for key in handle.keys()}  # noqa: SIM118
-    except Exception as exc:  # safetensors raises its own error type for a file that is not one
-        raise FluxClusterError(f"{weights}: not a safetensors file ({first_line(exc)})") from None
+    shapes = {key: list(tensor.shape) for key, tensor in read_lora(weights).items()}
     for key, a_shape in shapes.items():
         if not (key.startswith("transformer.") and key.endswith(".lora_A.weight")):
             continue
@@ -469,8 +472,10 @@ def _check_lora_fits(transformer: "torch.nn.Module", weights: Path, pipeline: Pa
         if module is None or not fits or (a_shape[1], b_shape[0]) != (in_features, out_features):  # type: ignore[index]
             has = "no such layer" if module is None else f"the layer is {in_features} -> {out_features}"
             raise FluxClusterError(
-                f"{weights}: the LoRA does not fit the model {pipeline}: {layer}: A {list(a_shape)}, "
-                f"B {list(b_shape or [])}, {has}"
+                printable(
+                    f"{weights}: the LoRA does not fit the model {pipeline}: {layer[:200]}: A {a_shape}, "
+                    f"B {b_shape or []}, {has}"
+                )
             )
 
 

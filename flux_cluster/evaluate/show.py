@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 from flux_cluster.console import cli_console, print_table
 from flux_cluster.evaluate import base_label
+from flux_cluster.safe_text import markup_escape, printable
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -20,12 +21,12 @@ def show_result(result: "EvalResult") -> None:
         console.print(
             f"not meaningful: {result.document['meaningful_reason']}", highlight=False, soft_wrap=True
         )
-    console.print(f"wrote {result.json_path} and {result.grid_path}", highlight=False, soft_wrap=True)
+    wrote = printable(f"wrote {result.json_path} and {result.grid_path}")
+    console.print(wrote, markup=False, highlight=False, soft_wrap=True)
 
 
 def results_table(document: dict[str, Any]) -> "Table":
     """Base vs tuned: latency percentiles, images/s, peak memory, CLIP score, validation loss."""
-    from rich.markup import escape
     from rich.table import Table
 
     latency, clip, val = document["latency"], document["clip_score"], document["val_loss"] or {}
@@ -33,7 +34,7 @@ def results_table(document: dict[str, Any]) -> "Table":
     title = f"evaluate {document['target']} on {document['device']}"
     if not document["meaningful"]:
         title += " (figures not meaningful)"
-    table = Table(title=escape(title))
+    table = Table(title=markup_escape(title))  # TARGET's name: control characters spelled out
     table.add_column("")
     for column in columns:
         shown = base_label(document.get("base_precision")) if column == "base" else column

@@ -8,6 +8,7 @@ from typing import Literal
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate import first_line
 from flux_cluster.outside import OutsideFileError, read_json
+from flux_cluster.safe_text import printable
 
 WeightsKind = Literal["lora", "transformer"]
 LORA_FILE = "pytorch_lora_weights.safetensors"  # flux_cluster.training.model.LORA_FILE, without torch
@@ -63,6 +64,28 @@ def weights_in(folder: Path) -> tuple[Path, WeightsKind] | None:
     return None
 
 
+QUANTIZED_WEIGHTS = "flux_cluster_quantized.safetensors"  # training.pretrained's, without torch
+QUANTIZED_SOURCE_KEY = "source"
+"""Its metadata key naming the checkpoint ``models quantize`` read (training.pretrained.SOURCE_KEY)."""
+
+
+def quantized_source(folder: Path) -> Path | None:
+    """The checkpoint a pre-quantized one (``flux-cluster models quantize``) was quantized from, as its
+    file's metadata records it; None for any other folder, a damaged file, or one written before the
+    source was recorded. Only the safetensors header is read (no torch)."""
+    from safetensors import safe_open
+
+    for file in (folder / "transformer" / QUANTIZED_WEIGHTS, folder / QUANTIZED_WEIGHTS):
+        if file.is_file():
+            try:
+                with safe_open(str(file), framework="numpy") as handle:
+                    source = (handle.metadata() or {}).get(QUANTIZED_SOURCE_KEY)
+            except Exception:  # safetensors' own error type for a file that is not one
+                return None
+            return Path(source) if isinstance(source, str) and source else None
+    return None
+
+
 def resolve_target(path: Path, exp: int) -> Target:
     from flux_cluster.rundir import config_file
 
@@ -70,11 +93,12 @@ def resolve_target(path: Path, exp: int) -> Target:
         "expected a run directory (config.yaml, results/best_<i>/), LoRA weights (.safetensors file or its "
         "folder), a fine-tuned transformer folder, or a FLUX pipeline folder (model_index.json)"
     )
+    shown = printable(str(path))
     if not path.exists():
-        raise FluxClusterError(f"TARGET {path}: does not exist: {expected}")
+        raise FluxClusterError(f"TARGET {shown}: does not exist: {expected}")
     if path.is_file():
         if path.suffix != ".safetensors":
-            raise FluxClusterError(f"TARGET {path}: not a .safetensors file: {expected}")
+            raise FluxClusterError(f"TARGET {shown}: not a .safetensors file: {expected}")
         return Target(path, None, path, "lora", None)
     if config_file(path).is_file():
         return _run_target(path, exp)
@@ -82,7 +106,7 @@ def resolve_target(path: Path, exp: int) -> Target:
         return Target(path, None, None, None, path)
     found = weights_in(path)
     if found is None:
-        raise FluxClusterError(f"TARGET {path}: nothing to evaluate in this folder: {expected}")
+        raise FluxClusterError(f"TARGET {shown}: nothing to evaluate in this folder: {expected}")
     return Target(path, None, found[0], found[1], None)
 
 
@@ -102,8 +126,9 @@ def _run_target(run_dir: Path, exp: int) -> Target:
             f"{run_dir}: no fine-tuned weights in {best.relative_to(run_dir)}/ (expected {LORA_FILE} or a "
             "transformer folder, written at a fine-tuning run's first evaluation; --exp picks a repeat)"
         )
-    pretrained = system.train.pretrained_path
-    pipeline = Path(pretrained) if pretrained and is_pipeline(Path(pretrained)) else None
+    pretrained = Path(system.train.pretrained_path) if system.train.pretrained_path else None
+    base = quantized_source(pretrained) if pretrained else None  # pre-quantized: what it was made from
+    pipeline = next((p for p in (pretrained, base) if p is not None and is_pipeline(p)), None)
     root = system.paths.data_root
     data_root = Path(root) if root and (Path(root) / ".nv-meta").is_dir() else None
     return Target(

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from flux_cluster.errors import FluxClusterError
+from flux_cluster.errors import FluxClusterError, allocation_failed
 from flux_cluster.hf.inputs import check_fits_weights, check_loaded, check_model_folder
 from flux_cluster.hf.tables import first_line
 from flux_cluster.safe_text import printable
@@ -53,10 +53,11 @@ def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn
         model, info = auto.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad_folder(path, task, exc) from None
-    except (RuntimeError, MemoryError) as exc:  # transformers' size mismatch (its report in the log above)
-        if isinstance(exc, MemoryError) or "allocate" in str(exc) or "out of memory" in str(exc):
+    except (RuntimeError, MemoryError) as exc:  # transformers' size mismatch (its report goes to the log)
+        if allocation_failed(exc):  # not a file that does not fit: the model config.json gives is too big
             raise FluxClusterError(
-                f"hf.model: {path}: out of memory while loading the model ({first_line(exc)})"
+                f"hf.model: {path}: out of memory building the model its config.json gives "
+                f"({first_line(exc)})"
             ) from None
         raise FluxClusterError(
             f"hf.model: {path}: the weights do not have the shapes config.json gives; expected the "

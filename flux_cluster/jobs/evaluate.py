@@ -10,6 +10,7 @@ from flux_cluster.errors import FluxClusterError
 from flux_cluster.evaluate import OPTIONS_FILE
 from flux_cluster.evaluate.options import EvalOptions, options_from_json
 from flux_cluster.runtime.job_file import read_job_file
+from flux_cluster.safe_text import printable
 
 
 def read_options(path: Path) -> EvalOptions:
@@ -31,14 +32,16 @@ def main(argv: list[str] | None = None) -> int:
         console = cli_console(stderr=True)
         # every path in the options is absolute: the runs folder is only a default nothing falls back to
         result = evaluate(
-            options, runs_root(None), log=lambda line: console.print(line, highlight=False, soft_wrap=True)
+            options,
+            runs_root(None),
+            log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
         )
     except FluxClusterError as exc:  # one line and exit code 2, as the command prints it
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(printable(f"error: {where}{exc.strerror or exc}"), file=sys.stderr)
         return 2
     show_result(result)
     return 0

@@ -13,6 +13,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from flux_cluster.config.workload import ModelArgs
+from flux_cluster.safe_text import printable
 
 META_INIT_PARAMS = 2_000_000_000
 """Models larger than this are created on the meta device and initialised after sharding, so no rank
@@ -36,13 +37,22 @@ def build_model(
 
 
 def load_pretrained(path: Path) -> FluxTransformer2DModel:
-    """The real loading path of a diffusers checkpoint: a transformer folder or a pipeline folder."""
+    """diffusers' own loading of a checkpoint (a transformer folder or a pipeline folder), whole in float32:
+    its config.json's shapes checked first (one FluxClusterError line, as a failed allocation is).
+    Training reads safetensors checkpoints with pretrained.load_streaming instead."""
+    from flux_cluster.config.transformer_config import read_transformer_config
+    from flux_cluster.errors import FluxClusterError, allocation_failed
+
+    read_transformer_config(path)
     subfolder = "transformer" if (path / "transformer" / "config.json").is_file() else None
-    if not (path / (subfolder or "") / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: no diffusers config.json (or transformer/config.json) there")
-    return FluxTransformer2DModel.from_pretrained(
-        path, subfolder=subfolder, torch_dtype=torch.float32, local_files_only=True
-    )
+    try:
+        return FluxTransformer2DModel.from_pretrained(
+            path, subfolder=subfolder, torch_dtype=torch.float32, local_files_only=True
+        )
+    except (MemoryError, RuntimeError) as exc:
+        if not allocation_failed(exc):
+            raise
+        raise FluxClusterError(f"{path}: out of host memory loading the transformer ({exc})"[:400]) from None
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -177,16 +187,13 @@ def save_lora(state_dict: dict[str, torch.Tensor], metadata: dict, folder: Path)
 def load_lora_init(model: torch.nn.Module, path: Path, rank: int, targets: list[str]) -> None:
     """Start the adapters add_lora made from a diffusers LoRA file (as save_lora writes it); call it
     before parallelize. The file's rank and adapted modules must be what the config asks for."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     from flux_cluster.errors import FluxClusterError
 
-    where = f"train.lora_init: {path}"
+    where = f"train.lora_init: {printable(str(path))}"
     try:
-        tensors = load_file(path)
-    except (OSError, SafetensorError) as exc:
-        raise FluxClusterError(f"{where}: not a readable safetensors file ({exc})") from None
+        tensors = read_lora(path)
+    except FluxClusterError as exc:
+        raise FluxClusterError(f"train.lora_init: {exc}") from None
     adapters: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         module, _, part = key.removeprefix("transformer.").rpartition(".lora_")
@@ -223,6 +230,32 @@ def load_lora_init(model: torch.nn.Module, path: Path, rank: int, targets: list[
     with torch.no_grad():
         for param, value, _ in pairs:
             param.copy_(value)
+
+
+def read_lora(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a LoRA safetensors file we do not control, by the checked streaming reader (every
+    header entry against the file before allocating); each must hold finite floating-point numbers (an
+    int32 or NaN adapter would train or serve garbage silently). One FluxClusterError line naming the file
+    and the tensor otherwise."""
+    from flux_cluster.errors import FluxClusterError
+    from flux_cluster.outside import OutsideFileError
+    from flux_cluster.training.safetensors_stream import read_safetensors
+
+    tensors = {}
+    try:
+        for name, tensor in read_safetensors(path):
+            shown = f"{printable(str(path))}: {printable(name[:200])}"
+            if not tensor.is_floating_point():
+                kind = str(tensor.dtype).removeprefix("torch.")
+                raise FluxClusterError(f"{shown}: {kind} values; expected floating point (LoRA weights)")
+            if not bool(torch.isfinite(tensor).all()):
+                raise FluxClusterError(f"{shown}: NaN or infinite values; expected finite LoRA weights")
+            tensors[name] = tensor
+    except OutsideFileError as exc:
+        raise FluxClusterError(printable(str(exc))) from None
+    except OSError as exc:
+        raise FluxClusterError(f"{printable(str(path))}: cannot be read ({exc.strerror or exc})") from None
+    return tensors
 
 
 def _target_of(module: str, targets: list[str]) -> str:

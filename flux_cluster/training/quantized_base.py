@@ -3,8 +3,8 @@
 Only the frozen linear layers of the transformer change; the LoRA adapters, their float32 master weights,
 their gradients and the optimizer stay as they are. Quantization happens after ``add_lora`` (so peft
 wraps plain ``nn.Linear`` layers and makes its adapters in float32) and before FSDP2 shards the model.
-A pretrained base is read a tensor at a time (``load_streaming``), each linear weight quantized as it is
-read and held behind a float32-typed placeholder until then, so no rank holds the float32 model:
+A pretrained base is read a tensor at a time (``pretrained.load_streaming``), each linear weight quantized
+as it is read and held behind a float32-typed placeholder until then, so no rank holds the float32 model:
 
 - ``bf16``: every frozen floating-point parameter is stored in ``train.param_dtype``, the dtype FSDP2
   gathers it in anyway, so the numbers a step computes are unchanged and the float32 copy is gone.
@@ -44,15 +44,9 @@ so resuming re-quantizes the same pretrained weights the same way.
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from flux_cluster.errors import FluxClusterError
-from flux_cluster.outside import OutsideFileError
-from flux_cluster.safe_text import printable
-from flux_cluster.training.safetensors_stream import read_safetensors, transformer_files
 
 FP8_MAX = 448.0
 """The largest float8 e4m3 value: each row's absmax maps to it."""
@@ -83,13 +77,13 @@ class QuantizedBase:
 STORED = {"fp8": ("weight_fp8", "weight_scale"), "nf4": ("weight_nf4", "weight_absmax")}
 """Per base precision, a quantized layer's two stored tensors, (data, scale): its buffers' names, and the
 ends of a pre-quantized checkpoint's keys (what ``models quantize`` writes and ``load_streaming`` reads)."""
-_STORED_AS = {name: (precision, i) for precision, names in STORED.items() for i, name in enumerate(names)}
+STORED_AS = {name: (precision, i) for precision, names in STORED.items() for i, name in enumerate(names)}
 """A stored tensor's name -> (its precision, 0 for the data or 1 for the scale)."""
 
 
-def _companion(name: str) -> str:
+def companion(name: str) -> str:
     """The other stored tensor of the layer a stored tensor's name belongs to."""
-    precision, index = _STORED_AS[name]
+    precision, index = STORED_AS[name]
     return STORED[precision][1 - index]
 
 
@@ -255,6 +249,10 @@ def frozen_linears(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Modul
                 yield f"{parent_name}.{attribute}".lstrip("."), parent, attribute, child
 
 
+AS_READ = "_flux_cluster_read"
+"""A placeholder weight's attribute (pretrained.load_streaming): (precision, the weight as read)."""
+
+
 def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) -> QuantizedBase:
     """Store the frozen weights of ``model`` at ``precision`` in place, before FSDP2 shards it; trainable
     parameters are left alone."""
@@ -263,7 +261,7 @@ def quantize_base(model: torch.nn.Module, precision: str, dtype: torch.dtype) ->
     before = parameter_bytes(model)
     quantized, kept = 0, []
     for name, parent, attribute, linear in frozen_linears(model):
-        read_as, stored = getattr(linear.weight, _READ, (precision, None))  # load_streaming's, as read
+        read_as, stored = getattr(linear.weight, AS_READ, (precision, None))  # load_streaming's, as read
         if read_as != precision:
             raise ValueError(f"{name}: read for base precision {read_as}, not {precision}")
         layer: torch.nn.Module
@@ -295,7 +293,7 @@ def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     names as any weight: what ``models quantize`` writes and ``load_streaming`` reads."""
     state = model.state_dict()
     for name, buffer in model.named_buffers():
-        if name.rpartition(".")[2] in _STORED_AS:
+        if name.rpartition(".")[2] in STORED_AS:
             state[name] = buffer
     return state
 
@@ -336,253 +334,3 @@ def summary_facts(base: QuantizedBase | None, parameter_bytes: int) -> dict[str,
     if base is not None:
         facts |= {"base_precision": base.precision, "base_quantized_layers": base.quantized}
     return facts
-
-
-# ---- pre-quantized checkpoints (flux-cluster models quantize)
-
-QUANTIZED_WEIGHTS = "flux_cluster_quantized.safetensors"
-"""A pre-quantized transformer's weights (beside its diffusers config.json): the quantized layers' stored
-tensors under their module names, every other weight in bf16, the precision in the file's metadata."""
-
-
-_EXPECTED = "expected the tensors written by flux-cluster models quantize"
-
-
-def _short(exc: BaseException) -> str:
-    """An exception's message on one short line (torch's shape errors list every key)."""
-    return " ".join(str(exc).split())[:300]
-
-
-def _quantized_file(path: Path) -> Path | None:
-    for folder in (path / "transformer", path):
-        if (folder / QUANTIZED_WEIGHTS).is_file():
-            return folder / QUANTIZED_WEIGHTS
-    return None
-
-
-def prequantized_precision(path: Path) -> str | None:
-    """'fp8' or 'nf4' for a checkpoint ``save_quantized`` wrote (a pipeline or transformer folder), else
-    None; a file that says neither is one FluxClusterError line."""
-    file = _quantized_file(path)
-    if file is None:
-        return None
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(file), "pt") as weights:
-            precision = (weights.metadata() or {}).get("base_precision")
-    except (OSError, SafetensorError) as exc:
-        raise FluxClusterError(
-            f"{file}: not a readable safetensors file ({_short(exc)}); {_EXPECTED}"
-        ) from None
-    if precision not in ("fp8", "nf4"):
-        raise FluxClusterError(
-            f"{file}: metadata base_precision {precision!r}, expected 'fp8' or 'nf4' ({_EXPECTED})"
-        )
-    return precision
-
-
-def save_quantized(source: Path, out: Path, precision: str) -> Path:
-    """Write the transformer of the diffusers checkpoint ``source`` with its linear weights quantized as
-    training quantizes them (fp8 or nf4), to the new folder ``out`` (``out/transformer/``): a quarter
-    (nf4) or half (fp8) of bf16 on disk. ``train.pretrained_path`` takes it with the same base_precision."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    from flux_cluster.models.tiny import publish_folder
-    from flux_cluster.training.model import load_pretrained
-
-    if precision not in ("fp8", "nf4"):
-        raise FluxClusterError(f"--precision {precision!r}: expected fp8 or nf4")
-    if out.exists():
-        raise FluxClusterError(f"{out}: exists; choose a new folder")
-    try:  # read a tensor at a time where it can be: a host that trains on the base can quantize it
-        model = (load_streaming(source, precision) or load_pretrained(source)).requires_grad_(False)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
-        raise FluxClusterError(
-            f"{source}: not a loadable diffusers FLUX checkpoint ({_short(exc)})"
-        ) from None
-    quantize_base(model, precision, torch.bfloat16)
-
-    def fill(folder: Path) -> None:
-        (folder / "transformer").mkdir()
-        state = {name: tensor.contiguous() for name, tensor in stored_state(model).items()}
-        metadata = {"base_precision": precision, "block": str(NF4_BLOCK)}
-        save_file(state, folder / "transformer" / QUANTIZED_WEIGHTS, metadata=metadata)
-        model.save_config(folder / "transformer")  # type: ignore[operator]
-
-    # a unique sibling renamed onto out, files made readable to teammates (safetensors writes 0600)
-    return publish_folder(out, fill)
-
-
-_READ = "_flux_cluster_read"
-"""The attribute of a placeholder weight (``load_streaming``) holding (precision, the weight as read)."""
-
-
-def _placeholder(linear: torch.nn.Module, precision: str, read: object) -> torch.nn.Parameter:
-    """A linear layer's weight until quantize_base swaps the layer: float32 on the CPU as the real one
-    would be (peft makes its adapters in the base weight's dtype), one NaN broadcast to the weight's shape
-    (4 bytes; any use shows), carrying the weight as read."""
-    shape = (linear.out_features, linear.in_features)
-    weight = torch.nn.Parameter(torch.full((), float("nan")).expand(shape), requires_grad=False)
-    setattr(weight, _READ, (precision, read))
-    return weight
-
-
-def load_streaming(path: Path, precision: str) -> torch.nn.Module | None:
-    """The transformer of a diffusers checkpoint for LoRA on a base stored at ``precision``, read one tensor
-    at a time: each linear weight kept as read (bf16), or quantized at once (fp8, nf4) and its full-precision
-    tensor freed, behind a placeholder weight that ``quantize_base`` replaces after ``add_lora``. A rank holds
-    the stored base plus one layer, not the float32 model (48 GB for FLUX.1's 12B parameters). Every other
-    tensor is float32, as ``load_pretrained`` gives it; the bytes quantize_base then makes are the same.
-    A pre-quantized checkpoint (``models quantize``) keeps its stored bytes. None when the checkpoint has no
-    safetensors weights (it loads the old way). As from_pretrained: tensors the model does not have are
-    ignored (one notice line); a missing or wrong-shaped one, or a damaged file, is one FluxClusterError
-    line naming the file, checked before anything is quantized."""
-    from diffusers import FluxTransformer2DModel
-
-    prequantized = _quantized_file(path)
-    found = (prequantized.parent, [prequantized]) if prequantized else transformer_files(path)
-    if found is None:
-        return None
-    folder, files = found
-    config = folder / "config.json"
-    expected = f"; {_EXPECTED}" if prequantized else ""
-    try:
-        with torch.device("meta"):
-            model = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
-    except (OSError, ValueError, TypeError) as exc:
-        written = f" flux-cluster models quantize writes beside {QUANTIZED_WEIGHTS}" if prequantized else ""
-        raise FluxClusterError(
-            f"{config}: not a FLUX transformer config ({_short(exc)}); expected the config.json{written}"
-        ) from None
-    modules = dict(model.named_modules())
-    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}  # the config's
-    state: dict[str, torch.Tensor] = {}
-    halves: dict[str, torch.Tensor] = {}  # a pre-quantized weight's first tensor, until its companion
-    unexpected: list[str] = []
-    for file in files:
-        try:
-            for key, tensor in read_safetensors(file):
-                prefix, _, kind = key.rpartition(".")
-                linear = modules.get(prefix)
-                if prequantized and kind in _STORED_AS:
-                    first = halves.pop(f"{prefix}.{_companion(kind)}", None)
-                    if first is None:
-                        halves[key] = tensor
-                        continue
-                    stored, index = _STORED_AS[kind]
-                    pair = (tensor, first) if index == 0 else (first, tensor)
-                    state[f"{prefix}.weight"] = _prequantized_weight(
-                        file, prefix, linear, pair, stored, precision
-                    )
-                    continue
-                if key not in shapes:  # from_pretrained ignores them too (with a warning)
-                    unexpected.append(key)
-                    continue
-                if tuple(tensor.shape) != shapes[key]:
-                    raise FluxClusterError(
-                        f"{file}: {printable(key[:200])}: shape {list(tensor.shape)}, expected "
-                        f"{list(shapes[key])} (from {config}){expected}"
-                    )
-                if (
-                    not prequantized
-                    and kind == "weight"
-                    and type(linear) is torch.nn.Linear
-                    and (precision != "nf4" or linear.in_features % NF4_BLOCK == 0)
-                ):
-                    read = _quantize_rows(tensor, precision) if precision != "bf16" else tensor
-                    state[key] = _placeholder(linear, precision, read)
-                else:  # norms, biases, unquantized layers: float32 as from_pretrained makes them
-                    floating = tensor.is_floating_point() and not prequantized
-                    state[key] = tensor.float() if floating else tensor
-                del tensor  # the full-precision weight goes now, not at the next one
-        except OutsideFileError as exc:
-            raise FluxClusterError(f"{exc}{expected}") from None
-        except OSError as exc:
-            raise FluxClusterError(f"{file}: cannot be read ({exc.strerror or exc}){expected}") from None
-    if halves:
-        prefix, _, kind = next(iter(halves)).rpartition(".")
-        missing_one = f"{prefix}.{kind} without {prefix}.{_companion(kind)}"
-        raise FluxClusterError(f"{files[0]}: {missing_one}; {_EXPECTED}")
-    missing = [key for key in shapes if key not in state]
-    if missing:
-        raise FluxClusterError(
-            f"{files[0]}: {len(missing)} tensors of {config} missing ({_few(missing)}){expected}"
-        )
-    if unexpected and _first_rank():  # every rank reads the same file: one notice
-        count = len(unexpected)
-        print(f"note: {files[0]}: {count} tensors the model does not have, ignored: {_few(unexpected)}")
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise FluxClusterError(
-            f"{files[0]}: does not fit its config.json ({_short(exc)}){expected}"
-        ) from None
-    return model.eval()  # as from_pretrained returns it
-
-
-def _first_rank() -> bool:
-    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-
-
-def _few(keys: list[str]) -> str:
-    """The first few of many tensor names, printable, for a one-line message."""
-    more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-    return ", ".join(printable(key[:200]) for key in keys[:3]) + more
-
-
-_ROWS_AT_ONCE = 1 << 22
-"""Weights quantized at once by ``_quantize_rows`` (their temporaries: ~16 bytes a weight)."""
-
-
-def _quantize_rows(weight: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_fp8 or quantize_nf4 of ``weight`` (as bytes), a few rows at a time: a row's bytes depend on
-    that row alone, so they are the same, and the temporaries are a few rows', not a whole layer's."""
-    quantize = quantize_fp8 if precision == "fp8" else quantize_nf4
-    parts = [quantize(rows) for rows in weight.split(max(1, _ROWS_AT_ONCE // weight.shape[1]))]
-    return torch.cat([data.view(torch.uint8) for data, _ in parts]), torch.cat([scale for _, scale in parts])
-
-
-def _prequantized_weight(
-    file: Path,
-    prefix: str,
-    linear: torch.nn.Module | None,
-    pair: tuple[torch.Tensor, torch.Tensor],
-    kind: str,
-    precision: str,
-) -> torch.nn.Parameter:
-    """The placeholder of a pre-quantized layer: its stored (data, scale) or (packed, absmax) bytes of
-    ``kind`` as they are, after checking they fit the layer the config makes at ``precision``."""
-    data, scale = pair
-    names = " and ".join(f"{prefix}.{name}" for name in STORED[kind])
-    if type(linear) is not torch.nn.Linear:
-        raise FluxClusterError(f"{file}: {names}: config.json has no linear layer {prefix}; {_EXPECTED}")
-    rows, cols = linear.out_features, linear.in_features
-    shapes = {"fp8": ((rows, cols), (rows, 4)), "nf4": ((rows, cols // 2), (rows, cols // NF4_BLOCK * 4))}
-    fits = (
-        kind == precision
-        and (tuple(data.shape), tuple(scale.shape)) == shapes[precision]
-        and data.dtype == scale.dtype == torch.uint8
-        and (precision == "fp8" or cols % NF4_BLOCK == 0)
-    )
-    if not fits:
-        raise FluxClusterError(
-            f"{file}: {names} do not fit (shapes {list(data.shape)} and {list(scale.shape)} of "
-            f"{data.dtype} for a {precision} layer of {cols} x {rows}); {_EXPECTED}"
-        )
-    return _placeholder(linear, precision, (data, scale))
-
-
-def pretrained_base(path: Path, precision: str, mode: str) -> torch.nn.Module | None:
-    """Mode 'lora': the model of ``train.pretrained_path`` read by ``load_streaming`` (never whole in
-    float32); a pre-quantized checkpoint only with the base_precision it was quantized at (one
-    FluxClusterError line otherwise). None where the plain full-precision load applies (other modes, a
-    checkpoint without safetensors weights)."""
-    stored = prequantized_precision(path)
-    if stored is not None and (mode != "lora" or precision != stored):
-        raise FluxClusterError(
-            f"train.pretrained_path {path}: a base quantized to {stored}: it trains LoRA adapters with "
-            f"train.base_precision {stored} (got mode {mode!r}, base_precision {precision!r})"
-        )
-    return load_streaming(path, precision) if mode == "lora" else None

@@ -7,7 +7,7 @@ size before a byte is allocated.
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -106,7 +106,9 @@ def check_safetensors(file: Path) -> dict[str, list[int]]:
     return {name: shape for name, _, shape, _, _ in entries}
 
 
-def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def read_safetensors(
+    file: Path, wanted: Callable[[str, torch.dtype, list[int]], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Each tensor of a safetensors file in its stored dtype, one at a time in file order, read into its own
     memory (not memory-mapped, unlike safetensors' loaders: a mapped file's pages count in the process's
     memory until it is closed). A symlink is followed (a Hugging Face cache snapshot's files point into
@@ -114,9 +116,14 @@ def read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
     Raises OutsideFileError (a FluxClusterError, one line naming the file) when the file is missing, not a
     regular file, or not what a safetensors file is: its header's length, JSON, dtypes, shapes and offsets
-    are all checked against the file's size before any tensor is allocated. OSError when reading fails."""
+    are all checked against the file's size before any tensor is allocated. OSError when reading fails.
+    ``wanted(name, dtype, shape)``, called for every entry before any tensor is allocated, says which to
+    read (others are skipped, never allocated) and may raise: a caller checks the header against what it
+    expects (the shapes a config gives) before a byte of tensor data is held."""
     with open_regular(file.resolve()) as f:
         length, entries = _checked_header(f, file)
+        if wanted is not None:
+            entries = [entry for entry in entries if wanted(*entry[:3])]
         for name, dtype, shape, begin, end in entries:
             tensor = torch.empty(shape, dtype=dtype)
             f.seek(8 + length + begin)

@@ -23,11 +23,11 @@ from flux_cluster.training.model import add_lora, build_model, load_lora_init
 from flux_cluster.training.optimizers import build_optimizer
 from flux_cluster.training.parallelize import make_mesh, parallelize
 from flux_cluster.training.peak import GemmPeak, measure_gemm_peak
+from flux_cluster.training.pretrained import pretrained_base
 from flux_cluster.training.quantized_base import (
     QuantizedBase,
     logical_parameter_count,
     parameter_bytes,
-    pretrained_base,
     quantize_base,
     whole_base_notice,
 )
@@ -70,13 +70,11 @@ def build_trainer(
     checkpointing, choice = resolve_checkpointing(plan, gpu_memory_gb, tokens)
     torch.manual_seed(seed)  # the same initial weights on every rank
     pretrained = cfg.pretrained_path if cfg.mode != "pretrain" else None
-    try:  # LoRA: the base read a tensor at a time, quantized as read (or pre-quantized), never whole in fp32
-        streamed_base = (
-            pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
-        )
+    try:  # read a tensor at a time by the checked reader; LoRA: quantized as read, never whole in fp32
+        streamed = pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
+        model = streamed or build_model(plan.model_args, pretrained)
     except FluxClusterError as exc:
         raise SystemExit(f"error: {exc}") from None
-    model = streamed_base or build_model(plan.model_args, pretrained)
     base = None
     if cfg.mode == "lora":
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)

@@ -47,6 +47,8 @@ CONTROL_KEY = "control_file_name"
 FOLDER_LAYOUT = "edit-pairs"
 JSONL_LAYOUT = "edit-pairs metadata.jsonl"
 EDIT_LAYOUTS = (FOLDER_LAYOUT, JSONL_LAYOUT)
+_SHOWN = 200
+"""Characters of a path from metadata.jsonl shown in a problem line (a line may be a megabyte)."""
 _PEEK_LINES = 32
 """metadata.jsonl is an edit-pair list when one of its first records names a control file."""
 
@@ -160,7 +162,10 @@ class _PairReader(_MetadataReader):
     """metadata.jsonl records with a control path: each resolved and checked as the target's is."""
 
     def add_record(self, where: str, record: Any) -> None:
-        raw = record.get(CONTROL_KEY) if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            super().add_record(where, record)  # its line: expected an object
+            return
+        raw = record.get(CONTROL_KEY)
         control, why = self._resolve(raw) if isinstance(raw, str) else (None, None)
         if control is None:
             target = _pick(record, PATH_KEYS) if isinstance(record, dict) else None
@@ -169,7 +174,7 @@ class _PairReader(_MetadataReader):
             if why is None:
                 self.problems.append(f"{where}: {CONTROL_KEY}: expected the control image's path (a string)")
             else:
-                self.problems.append(f"{where} ({printable(str(raw))}): control image: {why}")
+                self.problems.append(f"{where} ({printable(str(raw)[:_SHOWN])}): control image: {why}")
             return
         before = set(self.records)
         super().add_record(where, record)

@@ -34,6 +34,7 @@ import numpy as np
 from rich.console import Console
 
 from flux_cluster.atomic import write_atomic
+from flux_cluster.config.transformer_config import resolution_problem, token_problem
 from flux_cluster.data.format import (
     CONTROL_COLUMN,
     EMPTY_DIR,
@@ -88,11 +89,15 @@ class EncodeOptions:
     """Seed of the val timesteps' order."""
 
     def __post_init__(self) -> None:
-        if self.resolution < 16 or self.resolution % 16:
-            raise FluxClusterError(f"--resolution {self.resolution}: expected a multiple of 16, at least 16")
+        problem = resolution_problem(self.resolution)
+        if problem:
+            raise FluxClusterError(f"--resolution {self.resolution}: {problem}")
         if not 0 < self.val_fraction <= 0.5:
             raise FluxClusterError(f"--val-fraction {self.val_fraction}: expected a fraction in (0, 0.5]")
-        for name in ("max_sequence_length", "batch_size", "chunk_images"):
+        problem = token_problem(self.max_sequence_length)
+        if problem:
+            raise FluxClusterError(f"--max-sequence-length {self.max_sequence_length}: {problem}")
+        for name in ("batch_size", "chunk_images"):
             if getattr(self, name) < 1:
                 raise FluxClusterError(f"{name.replace('_', '-')}: expected a positive number")
 
@@ -448,12 +453,14 @@ class Encoding:
 
     def encode(self, task: int = 0, tasks: int = 1) -> int:
         """Encode this task's chunks not in the cache yet; returns the images encoded. The images the
-        reused chunks left out are named again (from the cache), as on the run that encoded them."""
+        reused chunks left out are named again (from the cache), as on the run that encoded them, and
+        refused with --strict as that run would have refused them."""
         mine = self.chunks[task::tasks]
         todo = [c for c in mine if not self.chunk_path(c).is_file()]
         for chunk in mine:
             if chunk not in todo:
-                for line in self.cached_skips(chunk):
+                for line in self.cached_skips(chunk):  # strict: refused as the first run would have
+                    _skip([], line, self.options.strict)
                     self._print_skipped(line)
         empty = self.folder / EMPTY_DIR
         if not todo and (empty.is_dir() or task):

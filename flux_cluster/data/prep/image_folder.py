@@ -248,7 +248,7 @@ class _MetadataReader:
         if not isinstance(raw_path, str):
             self.problems.append(f"{where}: image path: expected a string, got {type(raw_path).__name__}")
             return
-        label = f"{where} ({printable(raw_path)})"
+        label = f"{where} ({printable(raw_path[:200])})"  # a metadata line may be a megabyte
         name, why = self._resolve(raw_path)
         if name is None:
             self.problems.append(f"{label}: {why}")

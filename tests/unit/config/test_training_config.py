@@ -255,3 +255,60 @@ def test_the_checkpoint_modes_a_run_takes_are_one_public_check(monkeypatch: pyte
             monkeypatch.setattr(sys, "argv", ["train_throughput.py", *args])
             with pytest.raises(SystemExit):
                 parse_args()
+
+
+def _float_fields() -> list[tuple[str, str]]:
+    """(model, field) of every float setting of every config model (found, not listed: a new field or
+    model is covered by the one rule and by this test)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from flux_cluster.config import hf, schema, training, workload
+
+    models = {
+        value
+        for module in (schema, training, workload, hf)
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
+    }
+
+    def has_float(annotation: object) -> bool:
+        return annotation is float or any(has_float(arg) for arg in typing.get_args(annotation))
+
+    return sorted(
+        (model.__name__, name)
+        for model in models
+        for name, info in model.model_fields.items()
+        if has_float(info.annotation)
+    )
+
+
+def test_every_float_setting_refuses_infinity_and_nan_by_one_rule() -> None:
+    """train.learning_rate=1e400 and train.target=.inf were accepted (only NaN failed, by the bounds):
+    every config model's floats are finite (config/section.py)."""
+    from flux_cluster.config import hf, schema, training, workload
+
+    fields = _float_fields()
+    assert ("TrainConfig", "learning_rate") in fields and ("TrainConfig", "target") in fields
+    assert ("SystemConfig", "price_per_gpu_hour") in fields and ("FinetuneFacts", "learning_rate") in fields
+    for model_name, field in fields:
+        model = next(vars(m)[model_name] for m in (schema, training, workload, hf) if model_name in vars(m))
+        assert model.model_config.get("allow_inf_nan") is False, (model_name, field)
+
+
+@pytest.mark.parametrize("value", ["1e400", ".inf", "-.inf", ".nan"])
+@pytest.mark.parametrize(
+    "key", ["train.learning_rate", "train.target", "price_per_gpu_hour", "hf.val_fraction"]
+)
+def test_an_infinite_setting_is_one_line_naming_the_key(value: str, key: str) -> None:
+    with pytest.raises(FluxClusterError) as caught:
+        load_system("local", [f"{key}={value}"])
+    message = str(caught.value)
+    assert f"{key}: got" in message and "expected a finite number" in message and "\n" not in message
+
+
+def test_a_lora_rank_past_any_layers_width_is_one_line() -> None:
+    with pytest.raises(FluxClusterError, match=r"train.lora_rank: got 10{20} \(int\), .*4096"):
+        load_system("local", ["train.lora_rank=" + "1" + "0" * 20])
+    assert load_system("local", ["train.lora_rank=4096"]).config.train.lora_rank == 4096

@@ -3,6 +3,7 @@ header promises gigabytes of pixels, JSON nested past the recursion limit or wit
 an image folder's metadata, a pipeline's configs), a broken image drawn for val, the skip list of a
 cached encode, and the progress bar left on screen beside its summary line."""
 
+import dataclasses
 import io
 import json
 import re
@@ -233,7 +234,7 @@ def test_a_pipeline_config_that_is_a_fifo_is_refused_without_hanging(tmp_path: P
 # ---- the skip list of a cached encode
 
 
-def test_a_rerun_over_the_cache_names_every_skipped_image_again(tmp_path: Path) -> None:
+def test_a_rerun_over_the_cache_names_every_skipped_image_again_and_strict_refuses_it(tmp_path: Path) -> None:
     from flux_cluster.data.format import EMPTY_DIR
 
     write_image_folder(root := tmp_path / "images", "captions.txt", 6, size=(16, 16))
@@ -254,6 +255,11 @@ def test_a_rerun_over_the_cache_names_every_skipped_image_again(tmp_path: Path) 
     printed = out.getvalue()
     assert f"skipped {line}" in printed and "are in the cache" in printed, printed
     assert again.skipped() == [line]
+    # --strict over that cache refuses the image as the first run would have (it exited 0 before).
+    strict = Encoding(dataclasses.replace(options, strict=True), Console(file=io.StringIO()))
+    with pytest.raises(ImageFolderError, match="strict: expected every image usable") as caught:
+        strict.encode()
+    assert str(caught.value).startswith(line)
     # A damaged skip list in the cache is no traceback.
     encoding.skipped_path(encoding.chunks[0]).write_text(DEEP)
     assert Encoding(options, Console(file=io.StringIO())).skipped() == []

@@ -212,3 +212,137 @@ def test_a_batch_mixing_edit_pairs_and_plain_samples_is_the_format_error_in_one_
         assert str(caught.value) == (
             "a batch of a, b: 1 of 2 samples have a control.bytes (edit pairs); expected every sample or none"
         )
+
+
+# ---- crafted pairs: every one a bounded line naming the file and the field, escapes spelled out
+
+CRAFTED_RECORDS = {  # a metadata.jsonl record (or line): what its problem line says
+    "control not a string": (
+        {"control_file_name": 5, "file_name": "t.png", "text": "x"},
+        "control_file_name",
+    ),
+    "absolute control": ({"control_file_name": "/etc/passwd", "file_name": "t.png", "text": "x"}, "absolute"),
+    "escaping control": ({"control_file_name": "../../x.png", "file_name": "t.png", "text": "x"}, "escapes"),
+    "escapes in the control": (
+        {"control_file_name": "c\x1b]0;pwn\x07.png", "file_name": "t.png", "text": "x"},
+        "(c\\x1b]0;pwn\\x07.png): control image: no such file",
+    ),
+    "a megabyte path": (
+        {"control_file_name": "c" * 500_000, "file_name": "t.png", "text": "x"},
+        "File name too long",
+    ),
+    "a megabyte target": (
+        {"control_file_name": "c.png", "file_name": "t" * 500_000, "text": "x"},
+        "File name too long",
+    ),
+    "prompt not a string": (
+        {"control_file_name": "c.png", "file_name": "t.png", "text": [1]},
+        "'text': expected",
+    ),
+    "empty prompt": ({"control_file_name": "c.png", "file_name": "t.png", "text": "  "}, "empty caption"),
+    "a list": (["c.png", "t.png"], "expected an object"),
+    "deep nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "a 5000-digit number": ('{"control_file_name": ' + "9" * 5000 + "}", "not valid JSON"),
+    "not JSON, with escapes": ("\x1b[2J{", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED_RECORDS)
+def test_a_crafted_metadata_jsonl_record_is_one_bounded_line(tmp_path: Path, case: str) -> None:
+    from flux_cluster.safe_text import printable
+
+    root = tmp_path / "jsonl"
+    _image(root / "c.png")
+    _image(root / "t.png")
+    good = {"control_file_name": "c.png", "file_name": "t.png", "text": "the good pair"}
+    record, expected = CRAFTED_RECORDS[case]
+    crafted = record if isinstance(record, str) else json.dumps(record)
+    (root / "metadata.jsonl").write_text(json.dumps(good) + "\n" + crafted + "\n")
+    scan = scan_images(root)
+    assert [r.name for r in scan.records] == ["t.png"]  # the good pair stays
+    assert len(scan.problems) == 1, scan.problems
+    (line,) = scan.problems
+    assert line.startswith("metadata.jsonl line 2") and expected in line, line
+    assert "\n" not in line and len(line) < 600 and printable(line) == line
+
+
+CRAFTED_PROMPTS = {  # training_images/NAME.txt's bytes: its problem line, or None (a usable prompt)
+    "binary": (b"\xff\xfe\x00\x01", "not UTF-8 text"),
+    "a megabyte": (b"x" * (1 << 20), "longer than"),
+    "empty": (b" \n\t", "empty prompt"),
+    "escapes": (b"make it \x1b[2Jblue\x07", None),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED_PROMPTS)
+def test_a_crafted_prompt_file_is_one_line_or_a_prompt_kept_as_data(tmp_path: Path, case: str) -> None:
+    root = tmp_path / "pairs"
+    for stem in ("p", "good"):
+        _image(root / "control_images" / f"{stem}.png")
+        _image(root / "training_images" / f"{stem}.png")
+    (root / "training_images" / "good.txt").write_text("a good prompt")
+    data, expected = CRAFTED_PROMPTS[case]
+    (root / "training_images" / "p.txt").write_bytes(data)
+    scan = scan_images(root)
+    prompts = [r.caption for r in scan.records]
+    if expected is None:  # a prompt is the model's input, kept as written; lines that show it escape it
+        assert prompts == ["a good prompt", "make it \x1b[2Jblue\x07"] and not scan.problems
+        return
+    assert prompts == ["a good prompt"] and len(scan.problems) == 1
+    assert scan.problems[0].startswith("training_images/p.png: ") and expected in scan.problems[0]
+
+
+@pytest.mark.parametrize("how", ["a FIFO", "a symlink out", "a folder"])
+def test_a_prompt_or_control_that_is_no_regular_file_inside_is_skipped_unread(
+    tmp_path: Path, how: str
+) -> None:
+    import os
+
+    root = tmp_path / "pairs"
+    for stem in ("p", "good"):
+        _image(root / "control_images" / f"{stem}.png")
+        _image(root / "training_images" / f"{stem}.png")
+    (root / "training_images" / "good.txt").write_text("a good prompt")
+    prompt = root / "training_images" / "p.txt"
+    if how == "a FIFO":
+        os.mkfifo(prompt)
+    elif how == "a symlink out":
+        (tmp_path / "secret.txt").write_text("secret")
+        prompt.symlink_to(tmp_path / "secret.txt")
+    else:
+        prompt.mkdir()
+    scan = scan_images(root)  # a FIFO would block an open() forever
+    assert len(scan.records) == 1 and len(scan.problems) == 1 and "training_images/p.png" in scan.problems[0]
+
+
+VAL_SHARDS = {  # a val sample's json member: the line evaluate gives for an edit run's shard
+    "deep nesting": (b"[" * 20_000 + b"]" * 20_000, "nested too deeply"),
+    "a huge member": (b'{"key": "' + b"k" * 100_000 + b'"}', 'with its "key" string'),
+    "a number key": (b'{"key": 5}', 'with its "key" string'),
+    "no key": (b"[1, 2]", 'with its "key" string'),
+    "not JSON": (b"\x1b[2J", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", VAL_SHARDS)
+def test_a_crafted_val_shard_of_an_edit_run_is_one_line_naming_it(tmp_path: Path, case: str) -> None:
+    """evaluate finds an edit run's held-out pairs by the keys its val shards record."""
+    import io
+    import tarfile
+
+    from flux_cluster.errors import FluxClusterError
+    from flux_cluster.evaluate.edits import val_keys
+    from flux_cluster.safe_text import printable
+
+    data, expected = VAL_SHARDS[case]
+    (tmp_path / "val").mkdir()
+    shard = tmp_path / "val" / "shard-000000.tar"
+    with tarfile.open(shard, "w") as archive:
+        member = tarfile.TarInfo("pair\x1b[2J.json")
+        member.size = len(data)
+        archive.addfile(member, io.BytesIO(data))
+    with pytest.raises(FluxClusterError) as caught:
+        val_keys(tmp_path)
+    message = str(caught.value)
+    assert str(shard) in message and expected in message, message
+    assert "\n" not in message and len(message) < 600 and printable(message) == message

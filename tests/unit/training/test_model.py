@@ -9,6 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from flux_cluster.config.workload import ModelArgs, load_workload
+from flux_cluster.errors import FluxClusterError
 from flux_cluster.training import model as M
 from flux_cluster.training.flops import FLUX_SCHNELL, NVIDIA_TFLOP_PER_SAMPLE, training_flops_per_sample
 
@@ -113,7 +114,7 @@ def test_lora_trains_only_the_adapters_and_reloads_exactly(pretrained: Path, tmp
 
 
 def test_a_folder_without_a_diffusers_config_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"no diffusers config\.json"):
+    with pytest.raises(FluxClusterError, match=r"no diffusers config\.json"):
         M.load_pretrained(tmp_path)
 
 

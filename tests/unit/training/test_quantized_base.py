@@ -3,6 +3,7 @@ error bounds, the bytes it saves (held whole, as buffers FSDP2 leaves alone), gr
 adapters through the dequantized weights under checkpointing, 8-bit AdamW stepping them, and the config's
 refusals."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from test_parallelize import one_rank
 from flux_cluster.config.training import TrainConfig
 from flux_cluster.config.workload import ModelArgs, load_workload
 from flux_cluster.errors import FluxClusterError
+from flux_cluster.safe_text import printable
 from flux_cluster.training import model as M
+from flux_cluster.training import pretrained as P
 from flux_cluster.training import quantized_base as Q
 from flux_cluster.training.optimizers import build_optimizer
 from flux_cluster.training.parallelize import make_mesh, parallelize
@@ -255,14 +258,14 @@ def test_a_pre_quantized_checkpoint_loads_to_the_bytes_quantizing_at_load_makes(
     )
     assert result.exit_code == 0, result.output
     assert f"--set train.base_precision={precision}" in result.output
-    assert Q.prequantized_precision(out) == precision and Q.prequantized_precision(tmp_path / "plain") is None
-    stored = load_file(out / "transformer" / Q.QUANTIZED_WEIGHTS)
+    assert P.prequantized_precision(out) == precision and P.prequantized_precision(tmp_path / "plain") is None
+    stored = load_file(out / "transformer" / P.QUANTIZED_WEIGHTS)
     on_disk = sum(t.numel() * t.element_size() for t in stored.values())
     assert on_disk < (0.6 if precision == "fp8" else 0.35) * sum(
         p.numel() * 2 for p in M.load_pretrained(tmp_path / "plain").parameters()
     )
     # the training path: dequantized, LoRA attached, quantized again: the very bytes stored
-    model = Q.pretrained_base(out, precision, "lora")
+    model = P.pretrained_base(out, precision, "lora")
     assert model is not None
     M.add_lora(model, 4, 4.0, TARGETS)
     Q.quantize_base(model, precision, torch.bfloat16)
@@ -272,9 +275,9 @@ def test_a_pre_quantized_checkpoint_loads_to_the_bytes_quantizing_at_load_makes(
     with pytest.raises(
         FluxClusterError, match=f"a base quantized to {precision}: .*train.base_precision {precision}"
     ):
-        Q.pretrained_base(out, "bf16", "lora")
+        P.pretrained_base(out, "bf16", "lora")
     with pytest.raises(FluxClusterError, match="got mode 'finetune'"):
-        Q.pretrained_base(out, precision, "finetune")
+        P.pretrained_base(out, precision, "finetune")
     again_cli = CliRunner().invoke(
         app, ["models", "quantize", str(tmp_path / "plain"), str(out), "--precision", precision]
     )
@@ -289,14 +292,14 @@ def nf4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     M.build_model(TINY).save_pretrained(root / "plain")
     (root / "out.partial").mkdir()  # someone's folder of that name: the old fixed temp name deleted it
     (root / "out.partial" / "keep").write_text("x")
-    return Q.save_quantized(root / "plain", root / "out", "nf4")
+    return P.save_quantized(root / "plain", root / "out", "nf4")
 
 
 def test_models_quantize_writes_readable_files_through_a_unique_sibling(nf4_checkpoint: Path) -> None:
     from flux_cluster.atomic import _default_mode
 
     files = [p for p in nf4_checkpoint.rglob("*") if p.is_file()]
-    assert {p.name for p in files} == {Q.QUANTIZED_WEIGHTS, "config.json"}
+    assert {p.name for p in files} == {P.QUANTIZED_WEIGHTS, "config.json"}
     assert all(p.stat().st_mode & 0o777 == _default_mode() for p in files)  # safetensors alone: 0600
     assert (nf4_checkpoint.parent / "out.partial" / "keep").read_text() == "x"
     assert sorted(p.name for p in nf4_checkpoint.parent.iterdir()) == ["out", "out.partial", "plain"]
@@ -305,7 +308,7 @@ def test_models_quantize_writes_readable_files_through_a_unique_sibling(nf4_chec
 def _damage(folder: Path, how: str) -> None:
     from safetensors.torch import load_file, save_file
 
-    file, config = folder / "transformer" / Q.QUANTIZED_WEIGHTS, folder / "transformer" / "config.json"
+    file, config = folder / "transformer" / P.QUANTIZED_WEIGHTS, folder / "transformer" / "config.json"
     state = load_file(file)
     nf4 = sorted(k for k in state if k.endswith(".weight_nf4"))[0]
     if how == "missing absmax":
@@ -322,17 +325,37 @@ def _damage(folder: Path, how: str) -> None:
     elif how == "config":
         config.write_text("{not json")
         return
-    save_file(state, file, metadata={"base_precision": "nf4"})
+    elif how == "config bounds":
+        config.write_text(json.dumps(json.loads(config.read_text()) | {"num_layers": 10**6}))
+        return
+    elif how in ("NaN absmax", "zero absmax"):
+        key = nf4.replace(".weight_nf4", ".weight_absmax")
+        scales = state[key].view(torch.float32).clone()
+        scales[0, 0] = float("nan") if how == "NaN absmax" else 0.0
+        state[key] = scales.view(torch.uint8)
+    elif how == "int tensor":
+        key = next(k for k in state if k.endswith("norm.linear.bias"))
+        state[key] = state[key].to(torch.int16)
+    elif how == "uint8 as float":
+        state[nf4] = state[nf4].to(torch.float16)
+    metadata = {"base_precision": "\x1b[2J" * 50 if how == "metadata" else "nf4"}
+    save_file(state, file, metadata=metadata)
 
 
 @pytest.mark.parametrize(
     ("how", "named"),
     [
-        ("missing absmax", Q.QUANTIZED_WEIGHTS),
-        ("absmax shape", Q.QUANTIZED_WEIGHTS),
-        ("layer shape", Q.QUANTIZED_WEIGHTS),
-        ("truncated", Q.QUANTIZED_WEIGHTS),
+        ("missing absmax", P.QUANTIZED_WEIGHTS),
+        ("absmax shape", P.QUANTIZED_WEIGHTS),
+        ("layer shape", P.QUANTIZED_WEIGHTS),
+        ("truncated", P.QUANTIZED_WEIGHTS),
         ("config", "config.json"),
+        ("config bounds", "config.json"),
+        ("NaN absmax", P.QUANTIZED_WEIGHTS),
+        ("zero absmax", P.QUANTIZED_WEIGHTS),
+        ("int tensor", P.QUANTIZED_WEIGHTS),
+        ("uint8 as float", P.QUANTIZED_WEIGHTS),
+        ("metadata", P.QUANTIZED_WEIGHTS),
     ],
 )
 def test_a_damaged_pre_quantized_checkpoint_is_one_line_naming_the_file(
@@ -344,10 +367,26 @@ def test_a_damaged_pre_quantized_checkpoint_is_one_line_naming_the_file(
     shutil.copytree(nf4_checkpoint, damaged)
     _damage(damaged, how)
     with pytest.raises(FluxClusterError) as caught:
-        Q.pretrained_base(damaged, "nf4", "lora")
+        P.pretrained_base(damaged, "nf4", "lora")
     message = str(caught.value)
     assert str(damaged / "transformer" / named) in message and "\n" not in message
-    assert "flux-cluster models quantize" in message
+    assert "flux-cluster models quantize" in message and printable(message) == message and len(message) < 600
+
+
+def test_a_pre_quantized_fp8_weight_with_nan_bytes_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    M.build_model(TINY).save_pretrained(tmp_path / "plain")
+    out = P.save_quantized(tmp_path / "plain", tmp_path / "fp8", "fp8")
+    file = out / "transformer" / P.QUANTIZED_WEIGHTS
+    state = load_file(file)
+    key = sorted(k for k in state if k.endswith(".weight_fp8"))[0]
+    state[key][0, 0] = 0x7F  # e4m3fn's NaN
+    save_file(state, file, metadata={"base_precision": "fp8"})
+    with pytest.raises(FluxClusterError, match="NaN weights") as caught:
+        P.pretrained_base(out, "fp8", "lora")
+    assert str(file) in str(caught.value)
 
 
 @pytest.mark.parametrize("kept", [0, 1])
@@ -362,14 +401,14 @@ def test_a_stored_tensor_without_its_companion_names_both(
 
     damaged = tmp_path / "damaged"
     shutil.copytree(nf4_checkpoint, damaged)
-    file = damaged / "transformer" / Q.QUANTIZED_WEIGHTS
+    file = damaged / "transformer" / P.QUANTIZED_WEIGHTS
     state = load_file(file)
     names = Q.STORED["nf4"]
     prefix = sorted(k for k in state if k.endswith(f".{names[0]}"))[0].rpartition(".")[0]
     del state[f"{prefix}.{names[1 - kept]}"]
     save_file(state, file, metadata={"base_precision": "nf4"})
     with pytest.raises(FluxClusterError) as caught:
-        Q.pretrained_base(damaged, "nf4", "lora")
+        P.pretrained_base(damaged, "nf4", "lora")
     assert f"{prefix}.{names[kept]} without {prefix}.{names[1 - kept]}" in str(caught.value)
 
 

@@ -71,6 +71,9 @@ def test_the_base_column_is_labelled_with_its_precision() -> None:
     assert headers == ["", "base", "tuned"]
     headers = [str(c.header) for c in results_table({**document, "base_precision": "nf4"}).columns]
     assert headers == ["", "base nf4", "tuned"]
+    # TARGET's name in the title: markup shown as typed, control characters spelled out
+    title = results_table({**document, "target": "runs/[bold]x\x1b[2J"}).title
+    assert title == "evaluate runs/\\[bold]x\\x1b[2J on cpu"
 
 
 def test_the_nf4_code_book_is_made_on_the_packed_weights_device_and_not_saved() -> None:
@@ -82,3 +85,33 @@ def test_the_nf4_code_book_is_made_on_the_packed_weights_device_and_not_saved() 
     assert moved.code.device == torch.device("meta")  # a buffer: .to() takes it along
     assert list(layer.state_dict()) == ["bias"]  # as checkpoints have it: the bytes are non-persistent
     assert list(Q.stored_state(layer)) == ["bias", "weight_nf4", "weight_absmax"]  # as models quantize writes
+
+
+def test_a_run_on_a_pre_quantized_base_finds_the_pipeline_it_was_quantized_from(
+    tiny_pipeline: Path, tmp_path: Path
+) -> None:
+    """`evaluate RUN` of an nf4 run trained on `models quantize`'s output (a transformer alone) asked for
+    --model; the checkpoint records its source, which evaluate serves quantized as the run trained."""
+    from flux_cluster.config import load_system
+    from flux_cluster.evaluate import target as T
+    from flux_cluster.evaluate.run import pipeline_folder
+    from flux_cluster.rundir import write_run_config
+    from flux_cluster.training import pretrained as P
+
+    quantized = P.save_quantized(tiny_pipeline, tmp_path / "flux-tiny-nf4", "nf4")
+    assert T.quantized_source(quantized) == tiny_pipeline and T.quantized_source(tiny_pipeline) is None
+    assert (T.QUANTIZED_WEIGHTS, T.QUANTIZED_SOURCE_KEY) == (P.QUANTIZED_WEIGHTS, P.SOURCE_KEY)
+    sets = [
+        "train.benchmark=finetune", "train.mode=lora", f"train.pretrained_path={quantized}",
+        "train.base_precision=nf4",
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    (run / "results" / "best_0").mkdir(parents=True)
+    write_run_config(run, load_system("local", sets).config, {"name": "train"})
+    (run / "results" / "best_0" / M.LORA_FILE).write_bytes(b"")
+    target = T.resolve_target(run, 0)
+    assert (target.pipeline, target.base_precision) == (tiny_pipeline, "nf4")
+    assert pipeline_folder(target, None) == tiny_pipeline
+    # its file damaged or its source gone: --model is asked for, as for any run without a pipeline
+    (quantized / "transformer" / P.QUANTIZED_WEIGHTS).write_bytes(b"\x00" * 16)
+    assert T.quantized_source(quantized) is None and T.resolve_target(run, 0).pipeline is None

@@ -1,5 +1,5 @@
-"""A LoRA base read a tensor at a time (quantized_base.load_streaming): the same model, adapters and bytes
-as the float32 load it replaces, in a fraction of its host memory."""
+"""A LoRA base read a tensor at a time (pretrained.load_streaming, which a full fine-tune reads with too):
+the same model, adapters and bytes as the float32 load it replaces, in a fraction of its host memory."""
 
 from pathlib import Path
 
@@ -11,6 +11,7 @@ from test_parallelize import one_rank
 from flux_cluster.config.workload import load_workload
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.training import model as M
+from flux_cluster.training import pretrained as P
 from flux_cluster.training import quantized_base as Q
 
 TINY = load_workload("flux1")[0].models["tiny"]
@@ -38,7 +39,7 @@ def old_way(path: Path, precision: str) -> torch.nn.Module:
 
 
 def new_way(path: Path, precision: str) -> torch.nn.Module:
-    model = Q.pretrained_base(path, precision, "lora")
+    model = P.pretrained_base(path, precision, "lora")
     assert model is not None
     torch.manual_seed(1)
     M.add_lora(model, 4, 4.0, TARGETS)
@@ -69,12 +70,12 @@ def test_a_streamed_base_is_the_float32_loads_model_byte_for_byte(plain: Path, p
 
 
 def test_a_streamed_pre_quantized_checkpoint_keeps_its_stored_bytes(plain: Path, tmp_path: Path) -> None:
-    written = Q.save_quantized(plain, tmp_path / "nf4", "nf4")
-    model = Q.pretrained_base(written, "nf4", "lora")
+    written = P.save_quantized(plain, tmp_path / "nf4", "nf4")
+    model = P.pretrained_base(written, "nf4", "lora")
     assert model is not None
     # not dequantized: the linear weights wait as their stored bytes until quantize_base
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    waiting = [getattr(m.weight, Q._READ) for m in linears if m.in_features % Q.NF4_BLOCK == 0]
+    waiting = [getattr(m.weight, Q.AS_READ) for m in linears if m.in_features % Q.NF4_BLOCK == 0]
     assert waiting and all(read[1][0].dtype == torch.uint8 for read in waiting)
     old = old_way(plain, "nf4")
     torch.manual_seed(1)
@@ -114,7 +115,7 @@ def test_a_streamed_nf4_base_peaks_far_below_its_float32_size(tmp_path: Path) ->
         params = sum(p.numel() for p in FluxTransformer2DModel(**shape).parameters())
     FluxTransformer2DModel(**shape).to(torch.bfloat16).save_pretrained(tmp_path)
     float32 = 4 * params
-    new = peak_growth(lambda: Q.pretrained_base(tmp_path, "nf4", "lora"))
+    new = peak_growth(lambda: P.pretrained_base(tmp_path, "nf4", "lora"))
     old = peak_growth(lambda: M.load_pretrained(tmp_path))
     print(
         f"{params / 1e6:.1f}M parameters, float32 {float32 / 1e6:.0f} MB: peak +{new / 1e6:.0f} MB "
@@ -133,7 +134,7 @@ def trainer(path: Path, adapter_seed: int) -> tuple[torch.nn.Module, torch.optim
     from flux_cluster.training.optimizers import build_optimizer
     from flux_cluster.training.parallelize import make_mesh, parallelize
 
-    model = Q.pretrained_base(path, "nf4", "lora")
+    model = P.pretrained_base(path, "nf4", "lora")
     assert model is not None
     torch.manual_seed(adapter_seed)
     M.add_lora(model, 4, 4.0, TARGETS)
@@ -203,7 +204,7 @@ def snapshot_of(folder: Path, root: Path) -> Path:
 
 def streamed_state(path: Path) -> dict[str, torch.Tensor]:
     """The bf16 base as load_streaming reads it and quantize_base stores it."""
-    model = Q.pretrained_base(path, "bf16", "lora")
+    model = P.pretrained_base(path, "bf16", "lora")
     assert model is not None
     Q.quantize_base(model.requires_grad_(False), "bf16", torch.bfloat16)  # frozen, as add_lora leaves it
     return model.state_dict()
@@ -233,9 +234,9 @@ def folder_with(plain: Path, tmp_path: Path, state: dict[str, torch.Tensor] | No
     return folder
 
 
-def one_line_error(path: Path) -> str:
+def one_line_error(path: Path, precision: str = "bf16") -> str:
     with pytest.raises(FluxClusterError) as caught:
-        Q.load_streaming(path, "bf16")
+        P.load_streaming(path, precision)
     message = str(caught.value)
     assert "\n" not in message and len(message) < 600
     return message
@@ -297,11 +298,11 @@ def test_extra_tensors_are_ignored_with_a_notice_and_missing_ones_refused(
 
     state = load_file(plain / "diffusion_pytorch_model.safetensors")
     extra = folder_with(plain, tmp_path / "extra", state | {"extra.weight": torch.zeros(2)})
-    assert Q.load_streaming(extra, "bf16") is not None  # as from_pretrained loads it (with a warning)
+    assert P.load_streaming(extra, "bf16") is not None  # as from_pretrained loads it (with a warning)
     notice = capsys.readouterr().out.strip()
     assert notice.count("\n") == 0 and "1 tensors" in notice and "extra.weight" in notice
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)  # in this module's gloo group
-    assert Q.load_streaming(extra, "bf16") is not None  # every rank reads the file; rank 0 alone says so
+    assert P.load_streaming(extra, "bf16") is not None  # every rank reads the file; rank 0 alone says so
     assert capsys.readouterr().out == ""
     del state["x_embedder.weight"], state["x_embedder.bias"]
     missing = folder_with(plain, tmp_path / "missing", state)
@@ -341,8 +342,9 @@ DAMAGED = {  # how: (header, data bytes, expected in the message)
 
 
 @pytest.mark.parametrize("how", [*DAMAGED, "deep nesting", "huge header length", "shorter than 8 bytes"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])  # a LoRA base, a full fine-tune: one reader
 def test_a_damaged_safetensors_header_is_one_line_naming_the_file(
-    plain: Path, tmp_path: Path, how: str
+    plain: Path, tmp_path: Path, how: str, precision: str
 ) -> None:
     import json
 
@@ -360,5 +362,5 @@ def test_a_damaged_safetensors_header_is_one_line_naming_the_file(
     else:
         file.write_bytes(b"\x02\x00")
         expected = "header length"
-    message = one_line_error(folder)
+    message = one_line_error(folder, precision)
     assert str(file) in message and expected in message, message
