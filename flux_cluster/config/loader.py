@@ -16,6 +16,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from flux_cluster.config.hf import HF_BENCHMARK, model_task
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.resources import systems_dir
@@ -531,7 +532,20 @@ def load_system(
         config = SystemConfig.model_validate(tree)
     except ValidationError as exc:
         raise FluxClusterError(_explain(exc.errors()[0], tree, sources, path)) from None
-    return ResolvedSystem(config=config, sources=sources, file=path)
+    return ResolvedSystem(config=_with_model_task(config, sources), sources=sources, file=path)
+
+
+def _with_model_task(config: SystemConfig, sources: dict[str, str]) -> SystemConfig:
+    """The hf workload's hf.task, when unset, from the architecture hf.model's config.json names."""
+    hf = config.hf
+    if config.train.benchmark != HF_BENCHMARK or hf.task is not None or hf.model is None:
+        return config
+    found = model_task(hf.model)
+    if found is None:  # not here (a container's path): resolve_training asks for hf.task
+        return config
+    task, architecture = found
+    sources["hf.task"] = f"{Path(hf.model) / 'config.json'} ({architecture})"
+    return config.model_copy(update={"hf": hf.model_copy(update={"task": task})})
 
 
 def flat_view(resolved: ResolvedSystem) -> list[tuple[str, Any, str]]:
