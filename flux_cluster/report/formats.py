@@ -19,6 +19,7 @@ from flux_cluster.report.hf import (
     HF_COMPARISON_NOTE,
     HF_COMPARISON_TITLE,
     HF_CSV_FIELDS,
+    HF_MEASURED,
     HF_NOTE,
     HF_TITLE,
     comparisons,
@@ -45,12 +46,27 @@ class Column:
     """Long text (a path): the HTML page may break it over lines."""
     page: bool = True
     """Shown in the HTML page's tables too (which must fit 1,400 px; its cards say the rest)."""
+    missing: Callable[[Any], str | None] | None = None
+    """What an empty cell says instead of '-' (a throughput the run's summary says was not measured)."""
 
     def text(self, row: Any) -> str:
         value = self.value(row)
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "-"
+            return (self.missing(row) if self.missing else None) or "-"
         return self.fmt.format(value)
+
+
+def _unmeasured(note: str | None) -> str | None:
+    """A table cell's short form of a summary's throughput_note (JSON, CSV and the page's card: all of it)."""
+    return note.split(" (")[0] if note else None
+
+
+def _group_unmeasured(group: GroupResult) -> str | None:
+    return _unmeasured(group.throughput_note)
+
+
+def _run_unmeasured(run: RunResult) -> str | None:
+    return _unmeasured(run.fine_tuning.throughput_note if run.fine_tuning else None)
 
 
 def _name(group: GroupResult) -> str:
@@ -156,9 +172,9 @@ FINE_TUNING_COLUMNS = [
     Column("GPU", lambda g: g.accelerator_model, terminal=False, page=False),
     Column("runs", lambda g: None if evaluations_only(g) else g.run_count),
     Column("minutes", lambda g: g.mean_minutes, "{:.2f}"),
-    Column("images/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
-    Column("images/s/GPU", lambda g: g.throughput_per_accelerator, "{:,.2f}"),
-    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}"),
+    Column("images/s", lambda g: g.throughput_samples_per_s, "{:,.1f}", missing=_group_unmeasured),
+    Column("images/s/GPU", lambda g: g.throughput_per_accelerator, "{:,.2f}", missing=_group_unmeasured),
+    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}", missing=_group_unmeasured),
     Column("best val loss", lambda g: g.best_eval_loss, "{:.4f}"),
     Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}"),
     Column("peak GB", lambda g: g.peak_memory_gb, "{:,.1f}", terminal=False, page=False),
@@ -242,8 +258,8 @@ FINE_TUNING_RUN_COLUMNS = [
     Column("final val loss", _tuned("final_eval_loss"), "{:.4f}"),
     Column("epochs", _tuned("epochs"), "{:g}"),
     Column("steps", _tuned("steps"), "{:,}"),
-    Column("images/s", lambda r: r.throughput_samples_per_s, "{:,.1f}"),
-    Column("step ms", _tuned("step_time_ms"), "{:,.0f}"),
+    Column("images/s", lambda r: r.throughput_samples_per_s, "{:,.1f}", missing=_run_unmeasured),
+    Column("step ms", _tuned("step_time_ms"), "{:,.0f}", missing=_run_unmeasured),
     Column("peak GB", _tuned("peak_memory_gb"), "{:,.1f}"),
     Column("optimizer", _tuned("optimizer")),
     Column("summary", lambda r: None if r.fine_tuning is None else "yes" if r.fine_tuning.summary else "no"),
@@ -251,7 +267,10 @@ FINE_TUNING_RUN_COLUMNS = [
 ]
 
 
-HF_COLUMNS = [Column(*spec) for spec in HF_COLUMN_SPECS]
+HF_COLUMNS = [
+    Column(*spec, missing=(lambda r: _run_unmeasured(r.run)) if spec[0] in HF_MEASURED else None)
+    for spec in HF_COLUMN_SPECS
+]
 """The hf runs' table (report.hf.HF_COLUMN_SPECS)."""
 
 
@@ -331,7 +350,7 @@ CSV_FIELDS = [
     "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
     "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s",
     "inference_usd_per_1k_images", "clip_score_base", "clip_score_tuned", "val_loss_base", "val_loss_tuned",
-    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from",
+    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from", "throughput_note",
 ]  # fmt: skip
 
 
