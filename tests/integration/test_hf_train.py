@@ -223,5 +223,5 @@ def test_the_readme_bert_example_learns(tmp_path: Path, one_rank: DistInfo) -> N
     assert run(ctx, one_rank) == 0
     lines = records(folder)
     losses = [r["eval_loss"] for r in lines if "eval_loss" in r]
-    assert len(losses) == 3 and losses[0] > 0.5 and losses[-1] < 0.35, losses  # ln 2 = 0.693
+    assert len(losses) == 3 and losses[-1] < 0.2, losses  # ln 2 = 0.693: a coin toss
     assert lines[-1]["summary"]["best_eval_loss"] == min(losses)
