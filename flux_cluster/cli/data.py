@@ -302,8 +302,8 @@ def synth_hf(
             "image-classification (an imagefolder: train/ and val/, a folder per class, 32x32 PNGs).",
         ),
     ],
-    train: Annotated[int, typer.Option("--train", min=1, help="Train samples.")] = 64,
-    val: Annotated[int, typer.Option("--val", min=0, help="Val samples (0: no val split).")] = 16,
+    train: Annotated[int, typer.Option("--train", min=1, help="Train samples.")] = 256,
+    val: Annotated[int, typer.Option("--val", min=0, help="Val samples (0: no val split).")] = 32,
     seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed writes the same data.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT even if it is not empty.")] = False,
 ) -> None:

@@ -9,15 +9,32 @@ The rest of a run's settings come from the ``train`` section as for every worklo
 Model hubs are never contacted: the model folder and the data are local.
 """
 
-from typing import Literal
+import os
+from pathlib import Path
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
 from flux_cluster.config.section import SECTION
+from flux_cluster.errors import FluxClusterError
+from flux_cluster.outside import MIB, OutsideFileError, read_json_object
+from flux_cluster.safe_text import printable
 
 HF_BENCHMARK = "hf"
 """The train.benchmark name of the workload (configs/benchmarks/hf.yaml)."""
 HfTask = Literal["text-classification", "causal-lm", "image-classification"]
+HF_TASKS: tuple[str, ...] = get_args(HfTask)
+ARCHITECTURE_TASKS: tuple[tuple[str, HfTask], ...] = (
+    ("ForSequenceClassification", "text-classification"),
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForImageClassification", "image-classification"),
+)
+"""How a config.json architecture's name ends -> the hf.task it implies (BertForSequenceClassification,
+GPT2LMHeadModel, LlamaForCausalLM, ViTForImageClassification); others (BertForMaskedLM, BertModel) imply
+none."""
+MODEL_CONFIG_LIMIT = 4 * MIB
+"""A model's config.json is a few KiB; more is not one."""
 SYNTHETIC = "synthetic"
 """hf.data's value for random inputs of the model's own shapes (vocabulary, labels, image size)."""
 
@@ -30,7 +47,9 @@ class HfConfig(BaseModel):
     image processor), loaded with AutoModelFor<task> and local_files_only. Needed by train.benchmark hf."""
     task: HfTask | None = None
     """'text-classification' (AutoModelForSequenceClassification), 'causal-lm' (AutoModelForCausalLM) or
-    'image-classification' (AutoModelForImageClassification). Needed by train.benchmark hf."""
+    'image-classification' (AutoModelForImageClassification). Unset: what the architecture named in
+    hf.model's config.json implies (model_task), resolved with the config, so a run's config.yaml records
+    it."""
     data: str | None = None
     """Local data: a folder saved by datasets' save_to_disk (a Dataset or a DatasetDict with train and
     optionally validation/test splits), a .jsonl/.json/.csv/.parquet file or a folder of them (train*/val*/
@@ -53,3 +72,27 @@ class HfConfig(BaseModel):
     """Label column of a classification dataset (integers, or names mapped to integers in sorted order)."""
     image_column: str = "image"
     """Image column of a save_to_disk or Parquet image dataset (imagefolders need none)."""
+
+
+def model_task(folder: str | os.PathLike[str]) -> tuple[HfTask, str] | None:
+    """(task, architecture) that folder/config.json's ``architectures`` imply; None when there is no
+    config.json here (a container's path: hf.task is then needed); one line when it is unreadable or its
+    architectures imply no task, or several. Bounded read; a hub snapshot's link is followed to its blob."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = read_json_object(os.path.realpath(path), MODEL_CONFIG_LIMIT)
+    except OutsideFileError as exc:
+        reason = str(exc).removeprefix(f"{os.path.realpath(path)}: ")
+        raise FluxClusterError(f"hf.task: not set, and {path} is not readable ({reason})") from None
+    named = config.get("architectures")
+    names = [n for n in named if isinstance(n, str)] if isinstance(named, list) else []
+    found = {(task, name) for name in names for end, task in ARCHITECTURE_TASKS if name.endswith(end)}
+    if len({task for task, _ in found}) == 1:
+        return min(found, key=lambda pair: names.index(pair[1]))
+    shown = ", ".join(printable(n)[:80] for n in names[:4]) or "no architecture"
+    implied = "several tasks" if found else "no task"
+    raise FluxClusterError(
+        f"hf.task: {path} names {shown}, which implies {implied}: set hf.task to one of {', '.join(HF_TASKS)}"
+    )

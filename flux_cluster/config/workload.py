@@ -383,7 +383,12 @@ def _resolve_hf(system: SystemConfig, workload: Workload, path: Path) -> Trainin
     assert workload.hf is not None
     for key, value, expected in (
         ("model", hf.model, "a local model folder (save_pretrained)"),
-        ("task", hf.task, "text-classification, causal-lm or image-classification"),
+        (
+            "task",
+            hf.task,
+            "text-classification, causal-lm or image-classification (hf.model has no config.json here "
+            "whose architecture would say which)",
+        ),
         ("data", hf.data, "a local dataset path or 'synthetic'"),
     ):
         if value is None:

@@ -24,6 +24,7 @@ from flux_cluster.evaluate.grid import grid_png, images_dir, save_images
 from flux_cluster.evaluate.latency import ImageProgress, Latency, measure_latency
 from flux_cluster.evaluate.options import EvalOptions
 from flux_cluster.evaluate.target import Target, is_pipeline, resolve_target
+from flux_cluster.models.quiet import TRUNCATED, notices_dropped
 from flux_cluster.safe_text import printable
 
 if TYPE_CHECKING:
@@ -314,17 +315,18 @@ def _measure(
     def generate(i: int) -> None:
         p = i % len(prompts)
         generator = torch.Generator("cpu").manual_seed(options.seed + p)  # the same noise on any device
-        image = pipe(
-            prompt=prompts[p],  # by name: FluxKontextPipeline's first argument is the image
-            height=settings.resolution,
-            width=settings.resolution,
-            num_inference_steps=settings.steps,
-            guidance_scale=settings.guidance,
-            max_sequence_length=settings.max_sequence_length,
-            generator=generator,
-            output_type="pil",
-            **({} if controls is None else _edit_arguments(controls[p], settings)),
-        ).images[0]
+        with notices_dropped(type(pipe).__module__, TRUNCATED):  # a long prompt, cut at each encoder's length
+            image = pipe(
+                prompt=prompts[p],  # by name: FluxKontextPipeline's first argument is the image
+                height=settings.resolution,
+                width=settings.resolution,
+                num_inference_steps=settings.steps,
+                guidance_scale=settings.guidance,
+                max_sequence_length=settings.max_sequence_length,
+                generator=generator,
+                output_type="pil",
+                **({} if controls is None else _edit_arguments(controls[p], settings)),
+            ).images[0]
         images.setdefault(p, image)
 
     cuda = device.type == "cuda"

@@ -15,10 +15,10 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.hf.meter import HfTotals
 from flux_cluster.outside import non_negative, whole_number
 from flux_cluster.safe_text import printable
 from flux_cluster.training.checkpoint import STATE_FILE, Checkpointer, CheckpointError, from_rank0
+from flux_cluster.training.metrics import Totals
 
 
 @dataclass
@@ -30,7 +30,7 @@ class HfProgress:
     """Every evaluation's loss so far (one per epoch)."""
     attempt: int = 0
     """How many times this repeat was started (0: the first)."""
-    totals: HfTotals = field(default_factory=HfTotals)
+    totals: Totals = field(default_factory=Totals)
     """The meter's figures of the attempts before: the checkpoint's, plus the time attempts since it
     spent past it (RunClock.after_loss)."""
 
@@ -81,7 +81,7 @@ def restore(
     from metrics_file (rank 0 reads it), as lost."""
     try:
         shared, mine = checkpoints.load(path, model, optimizer)
-        totals = _numbers(HfTotals, shared.get("meter"), f"{path / STATE_FILE}: meter")
+        totals = _numbers(Totals, shared.get("meter"), f"{path / STATE_FILE}: meter")
         scheduler.load_state_dict(shared["scheduler"])
         if scaler.is_enabled():
             scaler.load_state_dict(mine["scaler"])
@@ -105,12 +105,12 @@ def restore(
             f"hf.model, train.mode and train.parallel: move it away to start over"
         ) from None
     clock = totals.clock.after_loss(metrics_file) if rank0 else None
-    progress.totals = HfTotals(from_rank0(clock), totals.timed_samples, totals.timed_tokens)
+    progress.totals = Totals(from_rank0(clock), totals.timed_samples, totals.timed_tokens)
     return progress
 
 
 def _numbers(cls: Any, data: Any, where: str) -> Any:
-    """The dataclass cls (HfTotals, its RunClock) from data, every field checked: one line naming the key
+    """The dataclass cls (Totals, its RunClock) from data, every field checked: one line naming the key
     of one that is missing, unknown or not a finite number >= 0 (a whole one for counts)."""
     names = [f.name for f in fields(cls)]
     if not isinstance(data, dict) or sorted(data) != sorted(names):

@@ -25,15 +25,17 @@ from flux_cluster.config.hf import SYNTHETIC
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.hf.data import PeerSampleError, SampleError, Splits, load_data, take
 from flux_cluster.hf.inputs import check_seq_len
-from flux_cluster.hf.meter import HfMeter, count_flops, peak_tflops, tokens_in
+from flux_cluster.hf.meter import count_flops, peak_tflops, tokens_in
 from flux_cluster.hf.model import add_lora, load_model, load_processor, lora_targets, match_padding
 from flux_cluster.hf.parallel import check_dp_gpus, devices_per_process, wrap
 from flux_cluster.hf.resume import HfProgress, restore, save
+from flux_cluster.models.quiet import no_progress_bars  # before transformers, peft, torchao: their notices
 from flux_cluster.rundir import set_aside_interrupted_log
 from flux_cluster.runtime.dist import DistInfo, init_distributed, lock_repeat_on_rank0
 from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointSaveError, from_rank0, step_of
 from flux_cluster.training.context import JobContext, fit_batch_at_start
+from flux_cluster.training.meter import Meter, RunEnd
 from flux_cluster.training.metrics import open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog, RunFacts
 from flux_cluster.training.optimizers import build_optimizer
@@ -154,13 +156,15 @@ def _prepare(ctx: JobContext, info: DistInfo) -> tuple[JobContext, torch.nn.Modu
     folder, task = Path(hf.model), hf.task
     check_seq_len(folder, task, hf.seq_len)  # before any text is tokenized or made
     if hf.data == SYNTHETIC:
-        model = load_model(folder, task)
+        with no_progress_bars():  # transformers' per-weight bar: the job's lines say what loaded
+            model = load_model(folder, task)
         match_padding(model, getattr(model.config, "eos_token_id", None))
         data = load_data(hf, task, None, model.config, ctx.seed)
     else:
         processor = load_processor(folder, task)
         data = load_data(hf, task, processor, None, ctx.seed)
-        model = load_model(folder, task, data.num_labels)
+        with no_progress_bars():
+            model = load_model(folder, task, data.num_labels)
         match_padding(model, getattr(processor, "pad_token_id", None))  # load_data may have set it
     ctx = fit_batch_at_start(ctx, Splits.size(data.train))
     cfg = ctx.plan.train
@@ -242,12 +246,12 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
             last = index == per_epoch - 1
             meter.record(
                 step,
-                step / per_epoch,
+                samples,
                 total,
-                plan.global_batch_size,
-                tokens * info.world_size if text else None,
                 scheduler.get_last_lr()[0],
-                last,
+                line=last,
+                epoch=step / per_epoch,
+                tokens=tokens * info.world_size if text else None,
             )
             if last:
                 mllog.end(c.BLOCK_STOP, metadata={"samples_count": block, "step": step})
@@ -257,7 +261,6 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
                     model, data.val, batching.per_process, info, precision, mllog, step, samples, epoch + 1
                 )
                 meter.record_eval(step, samples, loss, float(epoch + 1))
-                meter.resume()
                 progress.evals.append(loss)
             # after the epoch's evaluation: a checkpoint at its end resumes into the next epoch
             if step == per_epoch * plan.epochs:
@@ -279,7 +282,7 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
     samples = progress.step * plan.global_batch_size
     mllog.run_stop(success=True, samples=samples)
     mllog.close()
-    meter.summary(progress.step, samples, float(plan.epochs), per_epoch, facts)
+    meter.summary(_run_end(progress, samples, per_epoch, facts))
     if meter.tb is not None:
         meter.tb.close()
     return 0
@@ -287,19 +290,47 @@ def _train(ctx: JobContext, info: DistInfo, stop: StopRequest) -> int:
 
 def _meter(
     ctx: JobContext, info: DistInfo, flops: float, facts: dict[str, Any], progress: HfProgress
-) -> HfMeter:
+) -> Meter:
     """The run's meter (flops: one optimizer step's, every process's micro-batches), its header written,
-    the earlier attempts' figures carried over."""
+    the earlier attempts' figures carried over. Its devices are those that train: every process's (dp: the
+    GPUs its one process drives; on a CPU, one), whatever system.gpus_per_node says."""
     cfg = ctx.plan.train
     peak = peak_tflops(ctx.system, str(cfg.precision), info.device)
-    meter = HfMeter(ctx, info, flops, peak, ctx.plan.world_size)
     per_process = devices_per_process(str(cfg.parallel), info)
-    meter.header(
-        {**facts, "flops_per_step": flops, "processes": info.world_size, "devices_per_process": per_process}
+    devices = info.world_size * per_process
+    more = {"flops_per_step": flops, "processes": info.world_size, "devices_per_process": per_process}
+    text = facts["seq_len"] is not None
+    return Meter(
+        ctx,
+        info,
+        flops_per_step=flops,
+        devices=devices,
+        peak_tflops=peak,
+        header={"world_size": devices, "workload": "hf", **facts, **more, "peak_tflops": peak},
+        carried=progress.totals,
+        attempt=progress.attempt,
+        unit="samples/s" if text else "images/s",
+        tokens=text,
+        per_step=False,
+        tb=open_tensorboard(ctx) if info.rank == 0 and cfg.tensorboard else None,
     )
-    meter.carry(progress.totals, progress.evals, progress.attempt)
-    meter.tb = open_tensorboard(ctx) if info.rank == 0 and cfg.tensorboard else None
-    return meter
+
+
+def _run_end(progress: HfProgress, samples: int, per_epoch: int, facts: dict[str, Any]) -> RunEnd:
+    """What the summary reports beside the meter's figures: one evaluation per epoch."""
+    losses = progress.evals
+    best = min(enumerate(losses), key=lambda pair: pair[1]) if losses else None  # the first of equals
+    return RunEnd(
+        progress.step,
+        samples,
+        progress.step / per_epoch,
+        list(losses),
+        None if best is None else ((best[0] + 1) * per_epoch, best[1]),
+        "adamw",
+        name=f"{facts['model']} ({', '.join(facts[k] for k in ('task', 'mode', 'parallel', 'precision'))})",
+        per_epoch=per_epoch,
+        block={k: facts[k] for k in ("task", "parallel", "precision", "mode", "model")},
+    )
 
 
 def _checkpoints(ctx: JobContext, info: DistInfo) -> tuple[Checkpointer, Path | None]:
@@ -321,7 +352,7 @@ def _checkpoints(ctx: JobContext, info: DistInfo) -> tuple[Checkpointer, Path | 
 def _save(
     checkpoints: Checkpointer,
     progress: HfProgress,
-    meter: HfMeter,
+    meter: Meter,
     trainer: "_Trainer",
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> Any:
@@ -336,7 +367,7 @@ def _save(
 def final_checkpoint(
     checkpoints: Checkpointer,
     progress: HfProgress,
-    meter: HfMeter,
+    meter: Meter,
     trainer: "_Trainer",
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> None:

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 # a user nothing.
 for _category in (SyntaxWarning, DeprecationWarning):
     warnings.filterwarnings("ignore", r"invalid escape sequence", _category, r".*torchao")
+# peft reads transformers' deprecated is_gradient_checkpointing when it adds LoRA: the call is peft's.
+warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
 
 KNOWN_NOTICES: dict[str, re.Pattern[str]] = {
     # Importing diffusers imports torchao when it is installed (fp8 training needs it); on machines
@@ -31,6 +33,11 @@ KNOWN_NOTICES: dict[str, re.Pattern[str]] = {
     "transformers.utils.import_utils": re.compile(
         r"`\w+ImageProcessor` requires torchvision \(not installed\); falling back to `\w+ImageProcessorPil`"
     ),
+    # A causal LM whose config names no loss (GPT-2's, any saved before loss_type existed) gets the default;
+    # a loss_type it does not know is still said.
+    "transformers.modeling_utils": re.compile(
+        r"`loss_type=None` was set in the config but it is unrecognized"
+    ),
 }
 """Logger name -> the one notice dropped from it; which say nothing to a user and need nothing of them.
 Any other record of these loggers, a warning or an error, still reaches the console."""
@@ -47,6 +54,21 @@ class _DropKnownNotice(logging.Filter):
 
 for _name, _pattern in KNOWN_NOTICES.items():
     logging.getLogger(_name).addFilter(_DropKnownNotice(_pattern))
+
+TRUNCATED = re.compile(r"The following part of your input was truncated because ")
+"""diffusers' FLUX pipelines, per prompt and text encoder (T5 past max_sequence_length, CLIP past its 77
+tokens): cutting the prompt there is what those lengths are for."""
+
+
+@contextmanager
+def notices_dropped(logger_name: str, pattern: re.Pattern[str]) -> Iterator[None]:
+    """logger_name's notices that match pattern dropped for the block; its others, and any error, kept."""
+    logger, dropped = logging.getLogger(logger_name), _DropKnownNotice(pattern)
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 @contextmanager

@@ -3,8 +3,9 @@
 ``bert`` (AutoModelForSequenceClassification, BertTokenizerFast), ``gpt2`` (AutoModelForCausalLM,
 GPT2TokenizerFast) and ``vit`` (AutoModelForImageClassification, ViTImageProcessor): the real models'
 classes and file layout with toy sizes, so the hf workload, its tests and the README run without a
-download. Both tokenizers split any English text (character-level WordPiece; byte-level BPE).
-"""
+download. Both tokenizers split any English text (WordPiece with common and data synth-hf's words whole,
+other words in characters; byte-level BPE), so the README's example learns synth-hf's reviews in 3
+epochs (a character-level vocabulary left its validation loss at ln 2: too many steps to find words)."""
 
 import json
 import string
@@ -33,6 +34,17 @@ LABELS = ("negative", "positive")
 """Text classes; data synth-hf writes the same two."""
 IMAGE_LABELS = ("circle", "square")
 """Image classes; data synth-hf writes the same two folders."""
+POSITIVE = ("wonderful", "bright", "great", "lovely", "moving", "clever", "warm", "superb", "fun", "sharp")
+NEGATIVE = ("dull", "awful", "boring", "weak", "messy", "slow", "bland", "poor", "tired", "clumsy")
+NOUNS = ("movie", "story", "acting", "music", "ending", "script", "cast", "plot", "scene", "camera")
+VERBS = ("was", "felt", "seemed", "looked", "sounded")
+"""data synth-hf's reviews are sentences of these (a positive review's adjectives from POSITIVE)."""
+COMMON_WORDS = (
+    "the", "a", "an", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "is", "are", "be",
+    "it", "this", "that", "not", "no", "very", "so", "too", "all", "just", "good", "bad", "film", "really",
+)  # fmt: skip
+"""Whole words of the tiny BERT's vocabulary besides synth-hf's (bert-base's has 30,000 word pieces):
+a review's words are one token each, as in the real model, not a dozen characters."""
 _ENDOFTEXT = "<|endoftext|>"
 
 
@@ -55,12 +67,14 @@ tiny vocabularies), for measuring a real-sized model on a GPU (benchmarks/gpu_ch
 
 
 def _bert_vocab() -> list[str]:
-    """BERT's special tokens, then every lowercase-ASCII printable character, typographic punctuation and
-    the pound and euro signs, each with its '##' continuation: any lowercased English word (accents are
-    stripped) splits into characters; other characters become [UNK]."""
+    """BERT's special tokens, whole words (COMMON_WORDS and synth-hf's), then every lowercase-ASCII
+    printable character, typographic punctuation and the pound and euro signs, each with its '##'
+    continuation: any other lowercased English word (accents are stripped) splits into characters; other
+    characters become [UNK]."""
     typographic = "\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00a3\u20ac\u00b0"  # quotes, dashes, ...
     chars = [c for c in string.printable if not c.isspace() and not c.isupper()] + list(typographic)
-    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)]
+    words = dict.fromkeys((*COMMON_WORDS, *NOUNS, *VERBS, *POSITIVE, *NEGATIVE))  # in order, once each
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *chars, *("##" + c for c in chars)]
 
 
 def _labels(names: tuple[str, ...]) -> dict[str, object]:

@@ -81,6 +81,9 @@ def build(paths: list[Path], options: Options, tracker: Tracker | None = None) -
                     run.mfu = run.fine_tuning.hf.mfu  # measured against the precision's peak
                 run.compliance = NOT_APPLICABLE
                 run.compliance_messages = [f"fine-tuning (train.mode {source.train_mode}): not checked"]
+        trained = {r.fine_tuning.world_size for r in runs[-1] if r.fine_tuning and r.fine_tuning.hf}
+        if len(trained) == 1 and None not in trained:  # hf: the devices that trained (dp on a CPU: one)
+            source.accelerators = trained.pop()
         choose_ruleset(source, runs[-1], options.ruleset)
         for log, run in zip(source.files, runs[-1], strict=True):
             if not options.check:

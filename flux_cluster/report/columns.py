@@ -23,11 +23,13 @@ class Column:
     """Long text (a path): the HTML page may break it over lines."""
     page: bool = True
     """Shown in the HTML page's tables too (which must fit 1,400 px; its cards say the rest)."""
+    missing: Callable[[Any], str | None] | None = None
+    """What an empty cell says instead of '-' (a throughput the run's summary says was not measured)."""
 
     def text(self, row: Any) -> str:
         value = self.value(row)
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "-"
+            return (self.missing(row) if self.missing else None) or "-"
         return self.fmt.format(value)
 
 

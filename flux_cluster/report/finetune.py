@@ -8,7 +8,9 @@ killed early has no summary: its figures then come from the evaluation and step 
 Throughput has one definition in the report: images (samples) per second over the measured training steps
 alone, evaluation and each attempt's first step (compile, warm-up) excluded: the summary's images_per_s.
 It becomes the run's throughput_samples_per_s, so every card, table, plot and format shows that figure;
-only a run without a summary falls back to its log's training blocks (evaluation excluded).
+only a run without a summary falls back to its log's training blocks (evaluation excluded). A summary
+without it (a run whose only step was the untimed first one: null and its throughput_note; NaN before the
+note) has no throughput in the report either: the note instead, never a figure made from the log.
 
 The summary covers the whole run: a run stopped and resumed carries its training time in its checkpoints,
 so its summary's train_seconds and images/s count every attempt (summary.attempts), while its result log
@@ -22,6 +24,7 @@ MAX_LINE_BYTES skipped), and every oddity is one warning line naming the file, n
 """
 
 import json
+import math
 import reprlib
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,10 @@ _NUMBERS = (
     "final_eval_loss", "peak_memory_gb", "parameter_gb",
 )  # fmt: skip
 _COUNTS = ("steps", "samples", "best_step", "world_size")
+_UNMEASURED = ("images_per_s", "step_time_ms")
 MAX_OPTIMIZER_CHARS = 200
+NOT_MEASURED = "not measured"
+"""A summary's throughput_note when it has none (one from before the note, or one without images/s)."""
 MAX_CURVE_POINTS = 100_000
 """Evaluations kept per run (a real run has hundreds): a crafted file cannot fill memory with them."""
 
@@ -70,6 +76,8 @@ def read_fine_tuning(log: Path, run: RunResult) -> FineTuningRun:
     _fall_back(result, run, curve, last_step)
     if result.images_per_s is not None:  # one throughput for the run, in every format and plot
         run.throughput_samples_per_s = result.images_per_s
+    elif result.summary:  # the summary says none was measured: no figure of the log's either
+        run.throughput_samples_per_s = None
     return result
 
 
@@ -126,10 +134,10 @@ def _scan(
 def _take_summary(summary: dict[str, Any], result: FineTuningRun, run: RunResult, path: Path) -> None:
     """Each summary figure that is what the contract says; one warning per one that is not."""
     result.summary = bool(summary)
-    for key in (*_NUMBERS, *_COUNTS, "optimizer", "base_precision"):
-        if key not in summary:
-            continue
-        value = summary[key]
+    for key in (*_NUMBERS, *_COUNTS, "optimizer", "base_precision", "throughput_note"):
+        value = summary.get(key)
+        if value is None or (key in _UNMEASURED and isinstance(value, float) and math.isnan(value)):
+            continue  # null: not measured (NaN: how the meter wrote that before its note)
         if key in _NUMBERS:
             good = non_negative(value)
             expected = "a finite number >= 0"
@@ -142,6 +150,9 @@ def _take_summary(summary: dict[str, Any], result: FineTuningRun, run: RunResult
             run.warnings.append(f"{path}: summary.{key}: got {reprlib.repr(value)}, expected {expected}")
         else:
             setattr(result, key, good)
+    if summary and result.images_per_s is None:
+        result.step_time_ms = None
+        result.throughput_note = result.throughput_note or NOT_MEASURED
 
 
 def _whole_run_minutes(summary: dict[str, Any], result: FineTuningRun, run: RunResult, path: Path) -> None:
@@ -175,9 +186,11 @@ def _fall_back(
         result.steps = whole_number(last_step.get("step")) or (points[-1].step if points else None)
     if result.samples is None:
         result.samples = whole_number(last_step.get("samples")) or (points[-1].samples if points else None)
+    if result.world_size is None:
+        result.world_size = run.accelerators_from_log
+    if result.summary:  # its throughput or its note: nothing made up from the log
+        return
     if result.images_per_s is None:
         result.images_per_s = run.throughput_samples_per_s  # the log's training blocks, evals excluded
     if result.step_time_ms is None and result.images_per_s and result.steps and result.samples:
         result.step_time_ms = result.samples / result.steps / result.images_per_s * 1000
-    if result.world_size is None:
-        result.world_size = run.accelerators_from_log

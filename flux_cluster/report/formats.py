@@ -22,6 +22,7 @@ from flux_cluster.report.hf import (
     HF_COMPARISON_NOTE,
     HF_COMPARISON_TITLE,
     HF_CSV_FIELDS,
+    HF_MEASURED,
     HF_NOTE,
     HF_TITLE,
     comparisons,
@@ -35,6 +36,19 @@ from flux_cluster.rundir import RESULTS_DIR
 from flux_cluster.safe_text import csv_text, plain, printable
 
 SCHEMA_VERSION = 1
+
+
+def _unmeasured(note: str | None) -> str | None:
+    """A table cell's short form of a summary's throughput_note (JSON, CSV and the page's card: all of it)."""
+    return note.split(" (")[0] if note else None
+
+
+def _group_unmeasured(group: GroupResult) -> str | None:
+    return _unmeasured(group.throughput_note)
+
+
+def _run_unmeasured(run: RunResult) -> str | None:
+    return _unmeasured(run.fine_tuning.throughput_note if run.fine_tuning else None)
 
 
 def _name(group: GroupResult) -> str:
@@ -149,9 +163,15 @@ FINE_TUNING_COLUMNS = [
     Column("GPU", lambda g: g.accelerator_model, terminal=False, page=False),
     Column("runs", lambda g: None if evaluations_only(g) else g.run_count, terminal=False),
     Column("minutes", lambda g: g.mean_minutes, "{:.2f}"),
-    Column("images/s", lambda g: g.throughput_samples_per_s, "{:,.1f}"),
-    Column("images/s/GPU", lambda g: g.throughput_per_accelerator, "{:,.2f}", terminal=False),
-    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}", terminal=False),
+    Column("images/s", lambda g: g.throughput_samples_per_s, "{:,.1f}", missing=_group_unmeasured),
+    Column(
+        "images/s/GPU",
+        lambda g: g.throughput_per_accelerator,
+        "{:,.2f}",
+        terminal=False,
+        missing=_group_unmeasured,
+    ),
+    Column("step ms", lambda g: g.step_time_ms, "{:,.0f}", terminal=False, missing=_group_unmeasured),
     Column("best val loss", lambda g: g.best_eval_loss, "{:.4f}"),
     Column("final val loss", lambda g: g.final_eval_loss, "{:.4f}", terminal=False),
     Column("peak GB", lambda g: g.peak_memory_gb, "{:,.1f}", terminal=False, page=False),
@@ -243,8 +263,8 @@ FINE_TUNING_RUN_COLUMNS = [
     Column("final val loss", _tuned("final_eval_loss"), "{:.4f}"),
     Column("epochs", _tuned("epochs"), "{:g}"),
     Column("steps", _tuned("steps"), "{:,}", terminal=False),
-    Column("images/s", lambda r: r.throughput_samples_per_s, "{:,.1f}"),
-    Column("step ms", _tuned("step_time_ms"), "{:,.0f}"),
+    Column("images/s", lambda r: r.throughput_samples_per_s, "{:,.1f}", missing=_run_unmeasured),
+    Column("step ms", _tuned("step_time_ms"), "{:,.0f}", missing=_run_unmeasured),
     Column("peak GB", _tuned("peak_memory_gb"), "{:,.1f}"),
     Column("optimizer", _tuned("optimizer"), terminal=False),
     Column(
@@ -259,7 +279,10 @@ FINE_TUNING_RUN_PRIORITY = (
 )  # fmt: skip
 
 
-HF_COLUMNS = [Column(*spec) for spec in HF_COLUMN_SPECS]
+HF_COLUMNS = [
+    Column(*spec, missing=(lambda r: _run_unmeasured(r.run)) if spec[0] in HF_MEASURED else None)
+    for spec in HF_COLUMN_SPECS
+]
 """The hf runs' table (report.hf.HF_COLUMN_SPECS)."""
 HF_PRIORITY = (
     "run", "samples/s", "est. USD", "MFU", "parallel", "precision", "mode", "GPUs", "peak GB", "est. total",
@@ -349,7 +372,7 @@ CSV_FIELDS = [
     "images_per_s", "images_per_s_per_accelerator", "step_time_ms", "best_eval_loss", "final_eval_loss",
     "peak_memory_gb", "inference_p50_s", "inference_p99_s", "inference_images_per_s",
     "inference_usd_per_1k_images", "clip_score_base", "clip_score_tuned", "val_loss_base", "val_loss_tuned",
-    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from", "rcp_verdict",
+    "evals_meaningful", "scaling_factor", "system_name", "ruleset_from", "rcp_verdict", "throughput_note",
 ]  # fmt: skip
 
 

@@ -128,6 +128,9 @@ class FineTuningRun:
     """The metrics file ends with its summary line (an interrupted run's does not)."""
     images_per_s: float | None = None
     step_time_ms: float | None = None
+    throughput_note: str | None = None
+    """Why the summary has no images/s and step time (its throughput_note: no step was timed); the report
+    then shows this, never a figure of its own from the log."""
     train_seconds: float | None = None
     lost_seconds: float | None = None
     """Of train_seconds: time killed attempts spent past their last checkpoint (redone after the resume)."""

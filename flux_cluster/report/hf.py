@@ -364,6 +364,12 @@ HF_COLUMN_SPECS: list[tuple[Any, ...]] = [  # header, value, format, in the term
 ]  # fmt: skip
 
 
+HF_MEASURED = frozenset(
+    ("samples/s", "step ms", "TFLOP/s/GPU", "epoch", "est. total", "est. GPU-h", "est. USD")
+)
+"""The hf table's figures a run without a timed step has none of: 'not measured' (its summary's note)."""
+
+
 HF_CSV_FIELDS = [
     f"hf_{name}" for name in (*_TEXTS, *_COUNTS, *_NUMBERS, "estimated_gpu_hours", "estimated_cost_usd")
 ]

@@ -250,6 +250,8 @@ def _bars(
 
 
 def no_throughput(group: GroupResult) -> str:
+    if group.throughput_note:  # the runs' summaries say why
+        return group.throughput_note
     if group.throughput_samples_per_s is None:
         return "no throughput in its logs"
     return "accelerator count unknown"

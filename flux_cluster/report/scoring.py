@@ -85,6 +85,8 @@ class GroupResult:
     names of fine-tuning (one image a sample): one figure, the measured training steps alone."""
     images_per_s_per_accelerator: float | None = None
     step_time_ms: float | None = None
+    throughput_note: str | None = None
+    """Why a fine-tuning group has no images/s: its runs' summaries say none was measured."""
     best_eval_loss: float | None = None
     final_eval_loss: float | None = None
     peak_memory_gb: float | None = None
@@ -292,6 +294,9 @@ def _fine_tuning_figures(group: GroupResult) -> None:
     # the group's one throughput (finetune: the summary's measured steps), under its fine-tuning names too
     group.images_per_s = group.throughput_samples_per_s
     group.images_per_s_per_accelerator = group.throughput_per_accelerator
+    notes = {r.throughput_note for r in runs if r.throughput_note}
+    if group.images_per_s is None and notes:
+        group.throughput_note = " / ".join(sorted(notes))
 
 
 def _per_accelerator(run: RunResult, flops_per_sample: float | None, peak_tflops: float | None) -> None:

@@ -37,7 +37,8 @@ from flux_cluster.training.attention import attention_backend
 from flux_cluster.training.checkpoint import Checkpointer, step_of
 from flux_cluster.training.context import JobContext, Schedule, eval_policy, fit_batch_at_start
 from flux_cluster.training.kontext import control_tokens, velocity_predictor
-from flux_cluster.training.metrics import Meter, Progress, RunClock, open_tensorboard, say
+from flux_cluster.training.meter import Meter, RunEnd
+from flux_cluster.training.metrics import Progress, Totals, open_tensorboard, say
 from flux_cluster.training.mlperf_log import GRADIENT_CLIP_NORM, MlperfLog
 from flux_cluster.training.model import predict_velocity
 from flux_cluster.training.quantized_base import logical_parameter_count, summary_facts
@@ -133,15 +134,18 @@ def _train(ctx: JobContext, info: DistInfo) -> int:
         latest = run.checkpoints.latest()
         if latest is None or step_of(latest) != progress.step:
             run.save()
-        base = summary_facts(run.trainer.base, run.trainer.parameter_bytes)
-        run.meter.summary(
-            progress, run.schedule.epoch(progress.step), ctx.plan.train.optimizer, run.tensorboard, base
+        evals = [loss for _, loss in progress.evals or []]
+        epoch = run.schedule.epoch(progress.step) or 0.0
+        facts = summary_facts(run.trainer.base, run.trainer.parameter_bytes)
+        end = RunEnd(
+            progress.step, progress.samples, epoch, evals, progress.best, ctx.plan.train.optimizer, facts
         )
+        run.meter.summary(end)
     del lock
     if run.tensorboard is not None:
         run.tensorboard.close()
-    last = progress.evals[-1][1] if progress.evals else float("nan")
-    say(info.rank == 0, f"run_stop {status}: validation loss {last:.4f} after {progress.samples:,} samples")
+    last = f"validation loss {progress.evals[-1][1]:.4f}" if progress.evals else "no validation loss"
+    say(info.rank == 0, f"run_stop {status}: {last} after {progress.samples:,} samples")
     dist.destroy_process_group()
     return NOT_CONVERGED_EXIT_CODE if status == "aborted" and ctx.plan.train.mode == "pretrain" else 0
 
@@ -183,8 +187,8 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
         mllog.event("resumed_from_checkpoint", value=progress.samples, metadata={"step": progress.step})
         say(rank0, f"resumed from {resume_from} at step {progress.step} ({progress.samples:,} samples)")
 
-    meter = _meter(ctx, info, trainer, progress.clock)
     tensorboard = open_tensorboard(ctx) if rank0 and cfg.tensorboard else None
+    meter = _meter(ctx, info, trainer, progress, tensorboard)
     say(rank0, _describe(ctx, info, trainer, schedule))
     return _Run(
         ctx, info, schedule, mllog, checkpoints, trainer, loader, generator, progress, meter, tensorboard
@@ -217,7 +221,17 @@ def _train_blocks(run: _Run, stop: StopRequest, gc_paused: bool = False) -> str 
         # log_every_steps), so each epoch's throughput, time and cost are shown.
         line = ctx.tuning and schedule.evaluates_after(progress.step)
         lr = trainer.scheduler.get_last_lr()[0]
-        meter.record(progress, loss, grad_norm, data_wait, lr, run.tensorboard, line)
+        epoch = schedule.epoch(progress.step)
+        meter.record(
+            progress.step,
+            progress.samples,
+            loss,
+            lr,
+            line=line,
+            epoch=epoch,
+            grad_norm=grad_norm,
+            data_wait=data_wait,
+        )
         if gc_paused and progress.step % GC_EVERY_STEPS == 0:
             gc.collect(1)
 
@@ -285,7 +299,7 @@ def _evaluate_block(run: _Run) -> bool:
             best_weights_name(ctx.exp_index),
             f"best (validation loss {eval_loss:.4f})",
         )
-    meter.record_eval(progress, eval_loss, epoch, run.tensorboard)
+    meter.record_eval(progress.step, progress.samples, eval_loss, epoch)
     return run.schedule.target is not None and eval_loss <= run.schedule.target
 
 
@@ -311,7 +325,7 @@ def _log_micro_batch(plan: TrainingPlan, mllog: MlperfLog, rank0: bool) -> None:
     mllog.event("micro_batch_auto", value=choice.micro_batch, metadata=facts)
 
 
-def _meter(ctx: JobContext, info: DistInfo, trainer: Trainer, carried: RunClock) -> Meter:
+def _meter(ctx: JobContext, info: DistInfo, trainer: Trainer, progress: Progress, tb: Any) -> Meter:
     """The meter, on the clock carried from earlier attempts, with what throughput is computed from: the
     attention kernel probed at the run's shapes and the measured GEMM peak."""
     model_args = ModelArgs.of(trainer.model.config)  # a pretrained checkpoint's own shape, not the preset's
@@ -319,7 +333,27 @@ def _meter(ctx: JobContext, info: DistInfo, trainer: Trainer, carried: RunClock)
     facts = measure_facts(
         ctx.system, ctx.plan, info, trainer.dtype, model_args, image_tokens, text_tokens, ctx.config_filename
     )
-    return Meter(ctx, info, facts.flops_per_sample, facts.peak.tflops, facts.kernel, carried)
+    gbs, peak = ctx.plan.global_batch_size, ctx.system.peak_bf16_tflops
+    header = {  # what 'flux-cluster report' needs for MFU
+        "flops_per_sample": facts.flops_per_sample,
+        "world_size": info.world_size,
+        "peak_tflops": peak,
+        "measured_peak_tflops": facts.peak.tflops,
+        "attention_kernel": facts.kernel,
+    }
+    return Meter(
+        ctx,
+        info,
+        flops_per_step=facts.flops_per_sample * gbs,
+        devices=info.world_size,
+        peak_tflops=peak,
+        header=header,
+        carried=Totals(progress.clock, progress.clock.timed_steps * gbs),
+        measured_peak_tflops=facts.peak.tflops,
+        attempt=progress.attempt,
+        unit="images/s" if ctx.tuning else "samples/s",  # a fine-tuning sample is one image
+        tb=tb,
+    )
 
 
 def _describe(ctx: JobContext, info: DistInfo, trainer: Trainer, schedule: Schedule) -> str:

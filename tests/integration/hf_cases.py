@@ -8,29 +8,30 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from flux_cluster.config import load_system
 from flux_cluster.config.workload import resolve_training
-from flux_cluster.hf.meter import HfMeter
 from flux_cluster.hf.train import run
 from flux_cluster.rundir import result_log
 from flux_cluster.runtime.dist import init_distributed
 from flux_cluster.training.context import JobContext
+from flux_cluster.training.meter import Meter
 
 
 def main(cases: list[str]) -> int:
     info = init_distributed("gloo")
     codes = []
-    record = HfMeter.record
+    record = Meter.record
     for run_dir, sets in zip(cases[::2], cases[1::2], strict=True):
         run_dir, _, stop_at = run_dir.partition("@")
 
-        def signalled(meter: HfMeter, step: int, *args: object, at: str = stop_at) -> None:
-            record(meter, step, *args)
+        def signalled(meter: Meter, step: int, *args: Any, at: str = stop_at, **kwargs: Any) -> None:
+            record(meter, step, *args, **kwargs)
             if str(step) == at:
                 os.kill(os.getpid(), signal.SIGUSR1)
 
-        HfMeter.record = signalled  # type: ignore[method-assign]
+        Meter.record = signalled  # type: ignore[method-assign]
         system = load_system("local", ["train.benchmark=hf", *sets.split(",")]).config
         plan = resolve_training(system)
         folder = Path(run_dir)

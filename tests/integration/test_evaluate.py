@@ -430,7 +430,8 @@ def evaluated(
     pipeline, cache, _snapshot = flux_layout
     base = tmp_path_factory.mktemp("evaluated")
     prompts = base / "prompts.txt"
-    prompts.write_text("a red fox\na lighthouse\nan astronaut\n")
+    # the third past CLIP's 77 tokens and the 16 of --max-sequence-length: cut, without a notice
+    prompts.write_text("a red fox\na lighthouse\n" + "an astronaut over the moon " * 30 + "\n")
     output = base / "cpu-box" / "lora.json"
     args = [str(lora), "--model", str(pipeline), "--prompts", str(prompts), *FAST, "--runs", "2"]
     args += ["--system", "cpu_box", "--output", str(output)]
@@ -450,8 +451,9 @@ def test_evaluate_times_each_prompt_runs_times_takes_clip_from_the_cache_and_is_
     output, done = evaluated
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 timed generations per prompt x 3 prompts per model" in done.stderr
-    # torchvision's image processor fallbacks and diffusers' note on a LoRA without text-encoder keys
-    for noise in ("torchvision", "ImageProcessorPil", "No LoRA keys", "Traceback"):
+    # torchvision's image processor fallbacks, diffusers' notes on a LoRA without text-encoder keys and on a
+    # prompt cut at an encoder's length
+    for noise in ("torchvision", "ImageProcessorPil", "No LoRA keys", "was truncated", "Traceback"):
         assert noise not in done.stderr + done.stdout, (noise, done.stderr[-3000:])
     document = json.loads(output.read_text())
     assert document["clip_score"]["clip_model"] == str(flux_layout[2])  # the cached snapshot

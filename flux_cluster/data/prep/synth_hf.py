@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 from flux_cluster.data.prep.progress import StageProgress
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.models.tiny import _check_out, publish_folder
-from flux_cluster.models.tiny_hf import IMAGE_LABELS, IMAGE_SIZE
+from flux_cluster.models.tiny_hf import IMAGE_LABELS, IMAGE_SIZE, NEGATIVE, NOUNS, POSITIVE, VERBS
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -28,16 +28,11 @@ SynthKind = Literal["text-classification", "causal-lm", "image-classification"]
 SYNTH_KINDS: tuple[str, ...] = get_args(SynthKind)
 SPLITS = ("train", "val")
 
-_GOOD = ("wonderful", "bright", "great", "lovely", "moving", "clever", "warm", "superb", "fun", "sharp")
-_BAD = ("dull", "awful", "boring", "weak", "messy", "slow", "bland", "poor", "tired", "clumsy")
-_NOUNS = ("movie", "story", "acting", "music", "ending", "script", "cast", "plot", "scene", "camera")
-_VERBS = ("was", "felt", "seemed", "looked", "sounded")
-
 
 def _review(rng: random.Random, label: int) -> str:
-    words = _GOOD if label else _BAD
+    words = POSITIVE if label else NEGATIVE
     clauses = [
-        f"the {rng.choice(_NOUNS)} {rng.choice(_VERBS)} {rng.choice(words)}" for _ in range(rng.randint(2, 4))
+        f"the {rng.choice(NOUNS)} {rng.choice(VERBS)} {rng.choice(words)}" for _ in range(rng.randint(2, 4))
     ]
     return (" and ".join(clauses) + rng.choice((".", "!", "..."))).capitalize()
 
@@ -70,8 +65,8 @@ def synthesize_hf(
     out: Path,
     kind: SynthKind,
     *,
-    train: int = 64,
-    val: int = 16,
+    train: int = 256,
+    val: int = 32,
     seed: int = 0,
     force: bool = False,
     console: "Console | None" = None,

@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.hf.meter import HfMeter, HfTotals
 from flux_cluster.hf.resume import HfProgress
-from flux_cluster.hf.train import Batching, _save, _Trainer, final_checkpoint
+from flux_cluster.hf.train import Batching, _meter, _run_end, _save, _Trainer, final_checkpoint
 from flux_cluster.runtime.dist import DistInfo
 from flux_cluster.training.checkpoint import Checkpointer
 from flux_cluster.training.context import JobContext
-from flux_cluster.training.metrics import RunClock, ThroughputWindow
+from flux_cluster.training.metrics import RunClock, ThroughputWindow, Totals
 
 CPU = torch.device("cpu")
 
@@ -49,27 +48,30 @@ def _context(tmp_path: Path, *sets: str) -> JobContext:
     )
 
 
+FACTS = {"model": "m", "task": "text-classification", "parallel": "ddp", "precision": "fp32"}
+FACTS |= {"mode": "finetune", "seq_len": 8}
+
+
 def test_a_resumed_meter_counts_the_earlier_attempts(one_rank: DistInfo, tmp_path: Path) -> None:
     from hf_samples import hf_run
 
     from flux_cluster.report.build import Options, build
 
     ctx = _context(tmp_path, "train.log_every_steps=100")
-    meter = HfMeter(ctx, one_rank, 1e9, None, devices=2)
-    meter.carry(HfTotals(RunClock(100.0, 80.0, 10, 7.5, 1e6), 160, 1600), [0.7], attempt=1)
+    carried = Totals(RunClock(100.0, 80.0, 10, 7.5, 1e6), 160, 1600)
+    meter = _meter(ctx, one_rank, 1e9, FACTS, HfProgress(10, [0.7], 1, carried))
     meter.start()
     for step in (11, 12, 13):  # the attempt's first step is not timed
-        meter.record(step, 1.0, torch.tensor(0.5), 16, 160, 1e-4, False)
+        meter.record(step, step * 16, torch.tensor(0.5), 1e-4, epoch=1.0, tokens=160)
     totals = meter.totals()
     clock = totals.clock
     assert clock.train_seconds >= 100.0 and clock.timed_seconds >= 80.0 and clock.lost_seconds == 7.5
     assert (clock.timed_steps, totals.timed_samples, totals.timed_tokens) == (12, 192, 1920)
     assert clock.peak_memory_gb == 1e6  # the earlier attempt's peak stays the run's
-    meter.header({})
-    facts = {"seq_len": 8, "task": "text-classification", "parallel": "ddp", "precision": "fp32"}
-    meter.summary(13, 208, 1.0, 13, {**facts, "mode": "finetune", "model": "m"})
+    meter.summary(_run_end(HfProgress(13, [0.7], 1, carried), 208, 13, FACTS))
     summary = json.loads(ctx.metrics_file.read_text().splitlines()[-1])["summary"]
-    assert summary["train_seconds"] >= 100.0 and summary["timed_steps"] == 10  # the open window is not closed
+    assert summary["train_seconds"] >= 100.0 and summary["timed_steps"] == 12  # the open window's too
+    assert summary["hf"]["tokens_per_s"] == pytest.approx(1920 / clock.timed_seconds, rel=0.05)
     assert summary["final_eval_loss"] == 0.7 and summary["peak_memory_gb"] == 1e6
     assert summary["attempts"] == 2 and summary["lost_seconds"] == 7.5
     # the report: a 2-attempt run's minutes (GPU-hours, cost) are the whole run's, not its last log's 1.5
@@ -98,7 +100,7 @@ def test_a_checkpoints_save_is_not_throughput_and_a_finished_run_saves_its_last_
     """The save's time is paused out of the throughput window (still the run's time); a finished run that
     checkpoints saves its last step, so a rerun resumes there and finishes at once; one that never
     checkpointed saves nothing (a rerun starts over)."""
-    meter = HfMeter(_context(tmp_path), one_rank, 1e9, None, devices=1)
+    meter = _meter(_context(tmp_path), one_rank, 1e9, FACTS, HfProgress())
     trainer = _tiny_trainer()
     scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: 1.0)
     checkpoints = Checkpointer(tmp_path / "checkpoints", 2, 0, 1)

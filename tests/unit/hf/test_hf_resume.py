@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.hf.meter import HfTotals
 from flux_cluster.hf.resume import HfProgress, restore, save
 from flux_cluster.training.checkpoint import STATE_FILE, Checkpointer
-from flux_cluster.training.metrics import RunClock
+from flux_cluster.training.metrics import RunClock, Totals
 
 CPU = torch.device("cpu")
 
@@ -53,7 +52,7 @@ def _saved(
     scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss on
     scaler.update(new_scale=8.0)
     checkpoints = Checkpointer(folder, 2, 0, 1, frozen_base=lora)
-    progress = HfProgress(3, [0.5], 0, HfTotals(RunClock(12.5, 10.0, 2, 0.0, 1.5), 16, 256))
+    progress = HfProgress(3, [0.5], 0, Totals(RunClock(12.5, 10.0, 2, 0.0, 1.5), 16, 256))
     torch.manual_seed(123)
     save(checkpoints, progress, model, optimizer, scheduler, scaler, device)
     return checkpoints, progress

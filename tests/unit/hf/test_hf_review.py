@@ -169,20 +169,22 @@ def test_summary_has_gpu_hours_and_cost_of_the_run_and_its_estimate(
 ) -> None:
     from flux_cluster.config import load_system
     from flux_cluster.config.workload import resolve_training
-    from flux_cluster.hf.meter import HfMeter
+    from flux_cluster.hf.resume import HfProgress
+    from flux_cluster.hf.train import _run_end
     from flux_cluster.rundir import result_log
     from flux_cluster.training.context import JobContext
+    from flux_cluster.training.meter import Meter
+    from flux_cluster.training.metrics import RunClock, Totals
 
     sets = ["train.benchmark=hf", f"hf.model={tmp_path}", "hf.task=text-classification", "hf.data=synthetic"]
     system = load_system("local", [*sets, "price_per_gpu_hour=2.0", "train.epochs=3"]).config
     ctx = JobContext(
         system, resolve_training(system), tmp_path, tmp_path, 0, 7, result_log(tmp_path, 0), False, "x"
     )
-    meter = HfMeter(ctx, one_rank, 1e9, None, devices=4)
-    meter.header({})
-    meter.window.timed_s, meter.window.timed_steps, meter.timed_samples = 1800.0, 10, 80  # 180 s a step
+    carried = Totals(RunClock(0.0, 1800.0, 10), 80)  # 180 s a step
+    meter = Meter(ctx, one_rank, flops_per_step=1e9, devices=4, peak_tflops=None, header={}, carried=carried)
     facts = {"seq_len": None, "task": "t", "parallel": "ddp", "precision": "fp32", "mode": "finetune"}
-    meter.summary(10, 80, 1.0, 5, {**facts, "model": "m"})
+    meter.summary(_run_end(HfProgress(10, [0.5, 0.4]), 80, 5, {**facts, "model": "m"}))
     summary = json.loads(ctx.metrics_file.read_text().splitlines()[-1])["summary"]
     hours = summary["train_seconds"] / 3600 * 4
     assert summary["gpu_hours"] == pytest.approx(hours) and summary["cost_usd"] == pytest.approx(2 * hours)

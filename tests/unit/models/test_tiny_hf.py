@@ -31,6 +31,11 @@ def test_bert_loads_offline_as_a_sequence_classifier_with_its_tokenizer(models: 
     out = model(**batch, labels=torch.tensor([0, 1]))
     assert out.logits.shape == (2, len(LABELS)) and torch.isfinite(out.loss)
     assert model.config.id2label == dict(enumerate(LABELS))
+    # common words and data synth-hf's are whole tokens, as in bert-base's vocabulary: a review's adjective
+    # is one token to learn, not a dozen characters
+    assert tokenizer.tokenize("The movie was superb, the plot felt clumsy!") == [
+        *("the", "movie", "was", "superb", ",", "the", "plot", "felt", "clumsy", "!"),
+    ]
 
 
 def test_gpt2_loads_offline_as_a_causal_lm_whose_tokenizer_pads_and_round_trips(
