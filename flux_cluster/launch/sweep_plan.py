@@ -190,8 +190,11 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     ranks, global_batch = [], []
     for point in points:
         try:
+            # a scaled point's batch comes from its micro-batch: the system's own global batch (say 32
+            # under a micro-batch of 64) is no reason to refuse it
+            unset = ["train.global_batch_size=null"] if scale else []
             config = load_system(
-                request.system, point_overrides(request.overrides, point, request.here)
+                request.system, point_overrides([*request.overrides, *unset], point, request.here)
             ).config
             if scale:
                 point.derived = one_step_batch(config)

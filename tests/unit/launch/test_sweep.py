@@ -286,6 +286,15 @@ def test_a_throughput_sweep_scales_the_global_batch_per_point(workdir: Path) -> 
         plan_sweep(fixed)
 
 
+def test_a_throughput_sweep_takes_micro_batches_above_the_systems_global_batch(workdir: Path) -> None:
+    """local sets a global batch of 16: a throughput sweep's micro-batches up to 64 (gpu_check.sh's
+    micro-batch curve) each train one step's worth, not refused for not dividing 16."""
+    request = SweepRequest("local", {"train.micro_batch_size": ["1", "16", "64"]}, synthetic=True)
+    plan = plan_sweep(request)
+    assert plan.global_batch == [mbs * ranks for mbs, ranks in zip((1, 16, 64), plan.ranks, strict=True)]
+    assert plan.points[-1].derived == [f"train.global_batch_size={64 * plan.ranks[-1]}"]
+
+
 def test_sweep_dry_run_prints_the_plan_and_writes_nothing(workdir: Path) -> None:
     args = [
         "sweep",
