@@ -14,10 +14,10 @@ GROUPS = ("fp8 GEMM", "bf16 GEMM", "attention", "amax", "casts & scaling", "opti
 
 _FP8_GEMM_OPS = frozenset({"aten::_scaled_mm", "aten::_scaled_grouped_mm"})
 _GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"})
-_BY_NAME = (  # first match wins: GEMM names before the casts their fp8 names contain
+_BY_NAME = (  # first match wins: attention before GEMMs (fmha_cutlass...), GEMMs before casts (e4m3)
     ("fp8 GEMM", re.compile(r"e4m3|e5m2|f8f8|_scaled_mm")),
-    ("bf16 GEMM", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm)$")),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|scaled_dot_product")),
+    ("bf16 GEMM", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm)$")),
     ("amax", re.compile(r"amax|aten::abs$|aten::max$")),
     ("optimizer", re.compile(r"adam|multi_tensor|_foreach")),
     ("casts & scaling", re.compile(r"to_copy|copy_|clamp|float8|reciprocal|convert|cast")),

@@ -82,3 +82,43 @@ def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     # fits 80 GB, and checkpointing 'auto' takes the least recompute under 90% of it (72 GB)
     assert cells[("8", "full")][-2] == cells[("8", "none")][-2] == "yes" and 67 < total[("8", "none")] < 72
     assert cells[("8", "none")][-1] == "<- auto" and cells[("8", "full")][-1] == ""
+
+
+def test_torchtitans_flux_trains_beside_ours_on_cpu(tmp_path: Path) -> None:
+    """The torchtitan case (benchmarks/throughput/titan.py, GPU work) on the tiny preset: torchtitan's own
+    FLUX, its full checkpointing (more operators per step than without: the recomputed forward) and its
+    float8 converter (the profiled step runs fp8 GEMMs; its bf16 case none), beside ours in one run;
+    the goals table (ours over torchtitan's best, fp8 over bf16) and each case's grouped profile."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[2] / "benchmarks" / "train_throughput.py"
+    out, profiles = tmp_path / "bench.json", tmp_path / "profiles"
+    cases = "torchtitan:full,torchtitan:none,torchtitan-fp8:full,ours:full,ours-fp8:full"
+    args = ["--smoke", "--cases", cases, "--profile", str(profiles), "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(script), *args, "--markdown", str(tmp_path / "bench.md")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    facts = json.loads(out.read_text())
+    rows = {(r["label"], r["checkpointing"]): r for r in facts["rows"]}
+    assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows.values()), facts["rows"]
+    titan, titan_none = rows[("torchtitan", "full")], rows[("torchtitan", "none")]
+    assert titan["ops_per_step"] > titan_none["ops_per_step"]  # checkpoint_wrapper recomputes each block
+    assert rows[("torchtitan-fp8/tensorwise", "full")]["time_groups"]["fp8 GEMM"] > 0
+    assert titan["time_groups"]["fp8 GEMM"] == 0 and titan["time_groups"]["bf16 GEMM"] > 0
+    assert len(list(profiles.glob("*.txt"))) == len(rows)
+    goals = {g["goal"]: g for g in facts["goals"]}
+    best_titan = max(titan["samples_per_s"], titan_none["samples_per_s"])
+    ours = rows[("ours", "full")]["samples_per_s"]
+    assert goals["ours bf16 / torchtitan's best bf16"]["measured"] == ours / best_titan
+    fp8 = rows[("ours-fp8/tensorwise", "full")]["samples_per_s"]
+    assert goals["fp8 tensorwise / bf16, full"]["measured"] == fp8 / ours
+    over_peer_or_titan = {(r["impl"], r["over"]) for r in facts["ratios"]}
+    assert {("ours", "torchtitan"), ("torchtitan-fp8/tensorwise", "torchtitan")} <= over_peer_or_titan
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "Goals (issue 41):" in markdown and "| torchtitan | 2 | full |" in markdown
