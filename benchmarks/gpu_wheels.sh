@@ -16,8 +16,9 @@ mapfile -t reqs < <(grep -E '^[A-Za-z0-9_.-]+==' requirements/bench.txt | grep -
   grep -E '^typing-extensions==' requirements/runtime.lock)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   -d .whl "${reqs[@]}" 2>&1 | grep -v '^WARNING' || true
-for req in "${reqs[@]}"; do  # pip names wheels with underscores and any case
+shopt -s nocaseglob  # pip names wheels with underscores, in any case
+for req in "${reqs[@]}"; do
   name=${req%%==*}; version=${req#*==}
-  ls .whl | grep -qi "^${name//-/_}-${version}-" || { echo "missing from .whl/: $req" >&2; exit 1; }
+  compgen -G ".whl/${name//-/_}-${version}-*.whl" >/dev/null || { echo "missing from .whl/: $req" >&2; exit 1; }
 done
-echo "$(ls .whl | wc -l) wheels in .whl ($(du -sh .whl | cut -f1)), torchtitan's FLUX included; carry [\".whl\"]."
+echo "$(find .whl -type f -name '*.whl' | wc -l) wheels in .whl ($(du -sh .whl | cut -f1)), torchtitan's FLUX included; carry [\".whl\"]."
