@@ -11,7 +11,7 @@
 #      recipe, best MFU) and where each step's time goes (fp8 vs bf16 GEMMs, casts, amax);
 #   2. ladder (~35 s): LoRA over a bf16 / fp8 / nf4 frozen base of the proxy (eager, mbs 16: images/s,
 #      peak memory);
-#   3. curve (~230 s): the micro-batch curve, a throughput sweep of the proxy at micro-batch
+#   3. curve (~245 s): the micro-batch curve, a throughput sweep of the proxy at micro-batch
 #      1, 2, 4, ..., 64 (flux-cluster sweep --job throughput: one process per point, compiled), its report,
 #      and `flux-cluster forecast` for dgx_h200x8 at 1-64 nodes where that command exists;
 #   4. hf (~60 s): a BERT-base-sized random-init model fine-tuned on synthetic text (ddp, amp-bf16);
@@ -42,7 +42,7 @@ budget() {
   echo "$t"
 }
 
-CURVE=1,2,4,8,16,32,64
+CURVE=64,1,32,2,16,4,8  # both ends first: a point cut by the deadline is one from the middle
 if [ "$CPU" = 1 ]; then
   PY=${PYTHON:-$PWD/.venv/bin/python}
   SYSTEM=local
@@ -53,7 +53,7 @@ if [ "$CPU" = 1 ]; then
   HF_SET=(--set hf.synthetic_samples=32 --set hf.seq_len=32 --set train.micro_batch_size=4
     --set train.global_batch_size=8 --set train.log_every_steps=2)
   LADDER_MBS=2
-  CURVE=1,2,4
+  CURVE=4,1,2
   CURVE_SET=(--set train.model=tiny)
   EVAL_PRESET=tiny
   EVAL_SET=(--resolution 64 --runs 2 --warmup 1)
@@ -120,7 +120,7 @@ run_step ladder "$(budget 40 285)" bench.log "${B[@]}" --compile off --steps 3 -
 # 3. the micro-batch curve: a throughput sweep (one step's worth per point), kept for `flux-cluster
 #    forecast`; a point cut by the deadline leaves the finished ones readable
 SWEEP=$RUNS/mbs-curve
-run_step curve "$(budget 230 70)" job.log flux-cluster sweep --system "$SYSTEM" --job throughput --synthetic \
+run_step curve "$(budget 250 65)" job.log flux-cluster sweep --system "$SYSTEM" --job throughput --synthetic \
   "${CURVE_SET[@]}" --grid "train.micro_batch_size=$CURVE" --warmup-steps 2 --steps 5 \
   --runs-dir "$RUNS" --name mbs-curve
 flux-cluster report "$SWEEP" --format md -o "$OUT/curve.md" >>"$OUT/job.log" 2>&1

@@ -147,6 +147,8 @@ def build_titan(
     dims = tt.distributed.ParallelDims(
         dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1
     )  # fmt: skip
+    # before the model: each attention wrapper copies torchtitan's default list (cuDNN first) at init
+    tt.attention.ScaledDotProductAttentionWrapper.sdpa_backends = allowed_backends("auto", device.type)
     torch.manual_seed(0)
     dtype = tt.config.TORCH_DTYPE_MAP[job.training.dtype]  # float32: its default
     with torch.device("meta"), tt.tools_utils.set_default_dtype(dtype):
@@ -160,7 +162,6 @@ def build_titan(
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     model.train()
-    tt.attention.ScaledDotProductAttentionWrapper.sdpa_backends = allowed_backends("auto", device.type)
     amp = tt.distributed_utils.maybe_enable_amp(dims, job.training.mixed_precision_param, device.type)
     params = list(model.parameters())
     return Trainer(

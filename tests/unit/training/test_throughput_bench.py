@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
@@ -115,3 +116,37 @@ def test_the_goals_compare_at_no_more_than_torchtitans_peak_memory(bench: Module
     # on the CPU (no peak memory) every case counts as fitting
     cpu = goals([_row("torchtitan", "full", 80.0, math.nan), _row("ours", "full", 90.0, math.nan)])[0]
     assert cpu["measured"] == 90.0 / 80.0 and cpu["met"] is False
+
+
+@pytest.mark.parametrize("impl", ["torchtitan", "torchtitan-fp8"])
+def test_torchtitans_flux_is_built_by_its_own_code_with_our_attention_kernels(
+    bench: ModuleType, impl: str
+) -> None:
+    """torchtitan's FLUX as its trainer builds it on one rank: its checkpoint_wrapper on every block (mode
+    full, none without), no FSDP (so its bf16 autocast), its float8 converter's linears for -fp8; and its
+    attention wrappers take our kernel list (copied at init: cuDNN first otherwise), then one step trains."""
+    from throughput.cases import Case, Shape, model_args
+    from throughput.step import host_batch, train_step
+    from throughput.titan import build_titan
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torchao.float8.float8_linear import Float8Linear
+
+    from flux_cluster.training.attention import allowed_backends
+
+    shape = Shape(model_args("tiny", 1, 1), latent=8, text_tokens=8)
+    cpu = torch.device("cpu")
+    for mode in ("full", "none"):
+        trainer = build_titan(
+            Case(impl, 2, mode, False, "tensorwise" if impl.endswith("fp8") else ""), shape.args, cpu
+        )
+        blocks = [*trainer.model.double_blocks, *trainer.model.single_blocks]
+        assert all(isinstance(b, CheckpointWrapper) for b in blocks) == (mode == "full") and blocks
+        assert any(isinstance(b, CheckpointWrapper) for b in blocks) == (mode == "full")
+        kernels = [m.sdpa_backends for m in trainer.model.modules() if hasattr(m, "sdpa_backends")]
+        assert len(kernels) == 3 + 1 and all(k == allowed_backends("auto", "cpu") for k in kernels)
+        assert trainer.autocast and not hasattr(trainer.model, "reshard")  # no fully_shard on one rank
+        float8 = [m for m in trainer.model.modules() if isinstance(m, Float8Linear)]
+        assert bool(float8) == (impl == "torchtitan-fp8")
+    before = [p.detach().clone() for p in trainer.params]
+    train_step(trainer, host_batch(shape, 2, cuda=False), cpu, lambda _: None)
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.params, strict=True))
