@@ -39,7 +39,9 @@ def test_grid_parsing_refuses_bad_items() -> None:
 
 
 def test_a_bad_point_is_refused_before_anything_runs(workdir: Path) -> None:
-    request = SweepRequest("local", {"train.micro_batch_size": ["8", "3"]}, synthetic=True)
+    """A train sweep keeps the system's global batch (16 on local): a micro-batch of 3 does not divide it.
+    (A throughput sweep sizes each point's batch from its micro-batch instead.)"""
+    request = SweepRequest("local", {"train.micro_batch_size": ["8", "3"]}, job="train")
     with pytest.raises(FluxClusterError, match=r"sweep point 1 \(micro_batch_size=3\).*not a multiple"):
         create_sweep(request)
     assert not (workdir / "runs").exists()  # nothing written
