@@ -52,6 +52,7 @@ from throughput.output import (
     BRIEF,
     COLUMNS,
     RATIO_COLUMNS,
+    goal_tables,
     print_memory_estimate,
     rich_table,
     tables,
@@ -220,6 +221,8 @@ def main() -> None:
     headers, cells, ratio_rows = tables(rows)
     console.print(rich_table("Training throughput", headers, cells))
     console.print(rich_table("Ratios of samples/s", RATIO_COLUMNS, ratio_rows))
+    for title, goal_headers, goal_rows in goal_tables(rows):
+        console.print(rich_table(title, goal_headers, goal_rows))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ setup_python() {
     [[ -x "$VENV/bin/python" ]] || { say "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
     local stamp="$VENV/.flux-cluster-installed"
     local want
-    want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements/runtime.lock" | sha256sum | cut -d' ' -f1)
+    want=$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/requirements/runtime.lock" \
+        "$ROOT/requirements/bench.txt" | sha256sum | cut -d' ' -f1)
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         return
     fi
@@ -32,6 +33,9 @@ setup_python() {
     # The locked versions are the ones the images install: tests run against exactly those.
     "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -r "$ROOT/requirements/runtime.lock"
     "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -c "$ROOT/requirements/runtime.lock" -e "${ROOT}[test]"
+    # Benchmark-only (torchtitan's FLUX beside ours): pinned, without the trainer's own dependencies.
+    "$VENV/bin/python" -m pip install -q --no-deps -c "$ROOT/constraints.txt" -c "$ROOT/requirements/runtime.lock" \
+        -r "$ROOT/requirements/bench.txt"
     echo "$want" > "$stamp"
 }
 

@@ -1,7 +1,7 @@
 """What benchmarks/train_throughput.py measures: the model's shape, the cases (implementation x
 micro-batch x checkpointing x compile x fp8 recipe x gc mode) and a measured row."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flux_cluster.config.training import CHECKPOINT_MODES
 from flux_cluster.config.workload import ModelArgs, load_workload
@@ -12,8 +12,15 @@ MODES = (*CHECKPOINT_MODES, "ops+N")
 
 PEER_MODES = ("full", "none")
 
-IMPLS = ("ours", "ours-fp8", "peer", "lora-bf16", "lora-fp8", "lora-nf4")
-"""lora-*: ours fine-tuning LoRA adapters over a frozen base stored in bf16, fp8 or nf4 (the ladder)."""
+IMPLS = ("ours", "ours-fp8", "peer", "lora-bf16", "lora-fp8", "lora-nf4", "torchtitan", "torchtitan-fp8")
+"""lora-*: ours fine-tuning LoRA adapters over a frozen base stored in bf16, fp8 or nf4 (the ladder);
+torchtitan(-fp8): torchtitan's own FLUX, built and wrapped by its own code (titan.py)."""
+
+FP8_IMPLS = ("ours-fp8", "torchtitan-fp8")
+"""Implementations that run once per --fp8-recipes."""
+
+OWN_MODES = {"peer": PEER_MODES, "torchtitan": PEER_MODES, "torchtitan-fp8": PEER_MODES}
+"""Implementations with their own checkpointing: whole blocks (full) or none; other modes are skipped."""
 
 PHASES = ("data", "forward", "backward", "clip", "optimizer")
 
@@ -87,6 +94,9 @@ class Row:
     full_gcs: float = NAN
     recompiles: float = NAN
     """Graphs torch.compile made during the timed steps (should be 0)."""
+    time_groups: dict[str, float] = field(default_factory=dict)
+    """ms of one profiled step by group (profile_groups.GROUPS): GPU kernels' device time, or the CPU
+    operators' own time; profiled on GPUs, and on the CPU with --profile."""
 
     @property
     def label(self) -> str:
@@ -117,8 +127,10 @@ def cases(
     for impl, mode, micro_batch in grid:
         for compiled in compiles:
             for gc_mode in gc_modes:
-                if impl == "ours-fp8":
+                if mode not in OWN_MODES.get(impl, (mode,)):
+                    continue
+                if impl in FP8_IMPLS:
                     out += [Case(impl, micro_batch, mode, compiled, r, gc_mode) for r in fp8_recipes]
-                elif impl != "peer" or mode in PEER_MODES:
+                else:
                     out.append(Case(impl, micro_batch, mode, compiled, "", gc_mode))
     return out

@@ -13,20 +13,27 @@ from flux_cluster.config.workload import ModelArgs, load_workload
 from flux_cluster.training.batch_choice import choose_micro_batch
 from flux_cluster.training.memory import AUTO_HEADROOM, choose_checkpointing, estimate_memory
 from throughput.cases import PHASES, Row
+from throughput.goals import GOAL_COLUMNS, GROUP_COLUMNS, goal_cells, goals, group_cells
 
 
 def ratios(rows: list[Row]) -> list[dict[str, object]]:
     """ours/peer and ours-fp8/peer samples/s for each (micro-batch, checkpointing, compile) both ran,
     ours-fp8 over ours (bf16) where both ran, and the quantized LoRA bases over the bf16 one; and every
-    other mode of ours over the peer's full checkpointing (issue 26's goal: 1.25x at +5% peak memory)."""
+    other mode of ours over the peer's full checkpointing (issue 26's goal: 1.25x at +5% peak memory).
+    The same over torchtitan's FLUX (ours and ours-fp8 over it; it and its fp8 over the peer; its fp8 over
+    it)."""
     ok = {(r.label, r.micro_batch, r.checkpointing, r.compile): r for r in rows if r.status == "ok"}
     out = []
     for (label, mbs, mode, compiled), ours in ok.items():
         if label == "peer":
             continue
         bases = [("peer", mode), ("ours", mode), ("lora-bf16", mode)]
+        if label.startswith("torchtitan"):  # over the peer, and its fp8 over its bf16
+            bases = [("peer", mode), ("torchtitan", mode)]
+        elif not label.startswith("lora"):  # ours (and ours-fp8) over torchtitan's own FLUX too
+            bases.append(("torchtitan", mode))
         if mode != "full" and not label.startswith("lora"):
-            bases.append(("peer", "full"))
+            bases += [("peer", "full"), ("torchtitan", "full")]
         for base, base_mode in bases:
             other = ok.get((base, mbs, base_mode, compiled))
             if other is None or base == label:
@@ -147,13 +154,27 @@ def tables(rows: list[Row]) -> tuple[list[str], list[list[str]], list[list[str]]
     return headers, cells, [ratio_cells(r) for r in ratios(rows)]
 
 
+def goal_tables(rows: list[Row]) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
+    """(title, headers, rows) of the goals these rows answer and of where profiled steps' time goes;
+    tables without rows are left out."""
+    found = [
+        ("Goals (issue 41)", GOAL_COLUMNS, [goal_cells(g) for g in goals(rows)]),
+        ("Where a profiled step's time goes (share of its kernels' device time; CPU: operators' own time)",
+         GROUP_COLUMNS, group_cells(rows)),
+    ]  # fmt: skip
+    return [table for table in found if table[2]]
+
+
 def write_outputs(args: argparse.Namespace, header: str, facts: dict, rows: list[Row]) -> None:
     headers, cells, ratio_rows = tables(rows)
     if args.markdown:
         tables_md = f"{markdown_table(headers, cells)}\n\n{markdown_table(RATIO_COLUMNS, ratio_rows)}"
+        for title, goal_headers, goal_rows in goal_tables(rows):
+            tables_md += f"\n\n{title}:\n\n{markdown_table(goal_headers, goal_rows)}"
         args.markdown.write_text(f"{header}\n\n{tables_md}\n")
     if args.json:
         rows_facts = {"rows": [asdict(r) | {"label": r.label} for r in rows], "ratios": ratios(rows)}
+        rows_facts["goals"] = goals(rows)
         args.json.write_text(json.dumps(_nan_to_null(facts | rows_facts), indent=1) + "\n")
 
 

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ class Trainer:
     input_dtype: torch.dtype  # what predict_velocity casts the inputs to
     autocast: bool
     attention: str = "auto"  # train.attention_backend; 'flash' on the CPU too counts what GPUs keep
+    predict: Callable[..., torch.Tensor] = predict_velocity
+    """The model call (x_t, t, T5, CLIP, dtype -> velocity [B, C, H, W]): the diffusers model's, or
+    torchtitan's (titan.py)."""
 
 
 @dataclass
@@ -135,6 +139,15 @@ def build_peer(
     return Trainer(model, adamw(params, device, as_on_gpu), params, torch.float32, autocast=True)
 
 
+def builder(impl: str) -> Callable[..., Trainer]:
+    """The build function of an implementation (cases.IMPLS)."""
+    if impl.startswith("torchtitan"):
+        from throughput.titan import build_titan  # torchtitan is a benchmark-only dependency
+
+        return build_titan
+    return build_peer if impl == "peer" else build_ours
+
+
 def host_batch(shape: Shape, micro_batch: int, cuda: bool) -> list[torch.Tensor]:
     """A synthetic loader batch on the host (pinned for CUDA): latent mean and logvar, T5, CLIP."""
     b, args = micro_batch, shape.args
@@ -158,7 +171,7 @@ def train_step(
     x_t, target = interpolate(sample_latents(mean, logvar, eps), noise, t)
     with attention_backend(trainer.attention, device):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=trainer.autocast):
-            prediction = predict_velocity(trainer.model, x_t, t, t5, clip, trainer.input_dtype)
+            prediction = trainer.predict(trainer.model, x_t, t, t5, clip, trainer.input_dtype)
         loss = F.mse_loss(prediction.float(), target)
         mark("forward")
         loss.backward()
@@ -200,12 +213,11 @@ def run_case(
     warmup: int,
     gc_mode: str = "on",
     profile_dir: Path | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Seconds per step (back to back, synced once) and the median ms of each phase over as many steps.
     ``gc_mode`` 'frozen': what exists after the warm-up is frozen out of collections (gc.freeze), and
     only the youngest generation is collected during the steps, as the training job does."""
-    build = build_peer if case.impl == "peer" else build_ours
-    trainer = build(case, shape.args, device)
+    trainer = builder(case.impl)(case, shape.args, device)
     batch = host_batch(shape, case.micro_batch, device.type == "cuda")
     for _ in range(warmup):
         train_step(trainer, batch, device, lambda _: None)
@@ -235,8 +247,10 @@ def run_case(
         train_step(trainer, batch, device, clock)
         per_step.append(clock.phases_ms())
     timings |= {f"{p}_ms": statistics.median(s[p] for s in per_step) for p in PHASES}
-    if device.type == "cuda":
-        timings["kernels_per_step"] = count_kernels(trainer, batch, device, case, profile_dir)
+    if device.type == "cuda" or profile_dir:
+        kernels, timings["time_groups"] = profile_step(trainer, batch, device, case, profile_dir)
+        if device.type == "cuda":
+            timings["kernels_per_step"] = kernels
     try:  # last: a torch whose compile refuses to run under a dispatch mode fails this step only
         timings["ops_per_step"] = count_dispatched(train_step, trainer, batch, device, lambda _: None).total
     except Exception as exc:
@@ -244,28 +258,34 @@ def run_case(
     return timings
 
 
-def count_kernels(
+def profile_step(
     trainer: Trainer, batch: list[torch.Tensor], device: torch.device, case: Case, profile_dir: Path | None
-) -> int:
-    """GPU kernels and copies one step runs, from one profiled step; with ``profile_dir``, that step's
-    operators by host time and by GPU time go there as text, one file per case."""
+) -> tuple[int, dict[str, float]]:
+    """GPU kernels and copies one profiled step runs (0 on the CPU), and its time by group
+    (profile_groups.py: fp8 and bf16 GEMMs, attention, amax, casts, optimizer, other; GPU: kernels' device
+    time, CPU: operators' own time). With ``profile_dir``, that step's operators by host and device time,
+    the groups and the top kernels go there as text, one file per case."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if profile_dir else [])
+    from throughput.profile_groups import groups_text, time_groups
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CUDA] * cuda + [ProfilerActivity.CPU] * (bool(profile_dir) or not cuda)
     with profile(activities=activities) as prof:
         train_step(trainer, batch, device, lambda _: None)
         synchronize(device)
+    events = prof.events()
+    groups, ranked = time_groups(events, cuda)
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
         mode = case.checkpointing.replace("+", "-")  # names the device tool brings back: no '+'
-        name = f"{case.label.replace('/', '-')}_mbs{case.micro_batch}_{mode}.txt"
+        name = f"{case.label.replace('/', '-').replace(' ', '-')}_mbs{case.micro_batch}_{mode}.txt"
         averages = prof.key_averages()
-        tables = [
-            averages.table(sort_by=key, row_limit=30) for key in ("self_cpu_time_total", "cuda_time_total")
-        ]
-        (profile_dir / name).write_text("\n\n".join(tables) + "\n")
-    return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
+        keys = ("self_cpu_time_total", "cuda_time_total") if cuda else ("self_cpu_time_total",)
+        tables = [averages.table(sort_by=key, row_limit=30) for key in keys]
+        (profile_dir / name).write_text(groups_text(groups, ranked, cuda) + "\n" + "\n\n".join(tables) + "\n")
+    return sum(1 for event in events if event.device_type == DeviceType.CUDA), groups
 
 
 def measure(

@@ -59,7 +59,7 @@ FP8_STATUS = (
     "1.25x it aims at"
 )
 """What 'systems show' and docs/benchmarks.md say of fp8 until a GPU measures it at 1.25x bf16 or more."""
-ModelPresetName = Literal["flux-schnell", "small", "tiny"]
+ModelPresetName = Literal["flux-schnell", "proxy", "small", "tiny"]
 TrainMode = Literal["pretrain", "finetune", "lora"]
 OptimizerName = Literal["adamw", "adamw8bit", "prodigy"]
 BasePrecision = Literal["bf16", "fp8", "nf4"]
@@ -88,7 +88,8 @@ class TrainConfig(BaseModel):
     benchmark: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")] = "flux1"
     """Workload file: configs/benchmarks/<benchmark>.yaml (model shapes, batch-size presets, MLPerf facts)."""
     model: ModelPresetName = "flux-schnell"
-    """Model shape preset: 'flux-schnell' (11.9B, the benchmark), 'small' (~0.2B), 'tiny' (tests, CPU)."""
+    """Model shape preset: 'flux-schnell' (11.9B, the benchmark), 'proxy' (its width, 4+8 blocks: ~2.5B, one
+    GPU's throughput at the benchmark's width), 'small' (~0.2B), 'tiny' (tests, CPU)."""
     mode: TrainMode = "pretrain"
     """'pretrain' from random init (the benchmark), 'finetune' all weights of pretrained_path, 'lora' adapters
     on a frozen pretrained_path."""

@@ -195,7 +195,12 @@ def plan_sweep(request: SweepRequest) -> SweepPlan:
     ranks, global_batch, fits = [], [], []
     for point in points:
         try:
-            resolved = load_system(request.system, point_overrides(request.overrides, point, request.here))
+            # a scaled point's batch comes from its micro-batch: the system's own global batch (say 32
+            # under a micro-batch of 64) is no reason to refuse it
+            unset = ["train.global_batch_size=null"] if scale else []
+            resolved = load_system(
+                request.system, point_overrides([*request.overrides, *unset], point, request.here)
+            )
             if scale:
                 point.derived = one_step_batch(resolved.config)
                 resolved = load_system(

@@ -87,12 +87,12 @@ def _t5_tokenizer() -> "T5TokenizerFast":
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=T5_MAX_LENGTH)
 
 
-def _clip_text_config(tokenizer: "CLIPTokenizer") -> "CLIPTextConfig":
+def _clip_text_config(tokenizer: "CLIPTokenizer", width: int = TEXT_DIM) -> "CLIPTextConfig":
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
         vocab_size=len(tokenizer),
-        hidden_size=TEXT_DIM,
+        hidden_size=width,
         intermediate_size=4 * TEXT_DIM,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -132,14 +132,14 @@ def _clip_scorer() -> tuple["CLIPModel", "CLIPProcessor"]:
     return CLIPModel(config), CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
-def _components(variant: Variant) -> dict[str, object]:
+def _components(variant: Variant, preset: str = "tiny") -> dict[str, object]:
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     from flux_cluster.config.workload import load_workload
     from flux_cluster.models.latents import LATENT_SCALE, LATENT_SHIFT
 
-    args = load_workload("flux1")[0].models["tiny"]
+    args = load_workload("flux1")[0].models[preset]
     args = args.model_copy(update={"guidance_embeds": variant == "dev"})
     tokenizer, tokenizer_2 = _clip_tokenizer(), _t5_tokenizer()
     blocks = 4  # downsample factor 2 ** (blocks - 1) = 8, as FLUX's autoencoder
@@ -160,12 +160,12 @@ def _components(variant: Variant) -> dict[str, object]:
             use_quant_conv=False,
             use_post_quant_conv=False,
         ),
-        "text_encoder": CLIPTextModel(_clip_text_config(tokenizer)),
+        "text_encoder": CLIPTextModel(_clip_text_config(tokenizer, args.pooled_projection_dim)),
         "tokenizer": tokenizer,
         "text_encoder_2": T5EncoderModel(
             T5Config(
                 vocab_size=len(tokenizer_2),
-                d_model=TEXT_DIM,
+                d_model=args.joint_attention_dim,
                 d_kv=TEXT_DIM // 4,
                 d_ff=2 * TEXT_DIM,
                 num_layers=2,
@@ -203,11 +203,20 @@ def _check_out(out: Path, force: bool) -> None:
 
 
 def write_tiny_pipeline(
-    out: Path, *, variant: Variant = "schnell", seed: int = 0, force: bool = False, kontext: bool = False
+    out: Path,
+    *,
+    variant: Variant = "schnell",
+    seed: int = 0,
+    force: bool = False,
+    kontext: bool = False,
+    preset: str = "tiny",
 ) -> Path:
     """Write a random-init FLUX pipeline to ``out`` (a new or empty folder; ``force`` replaces a non-empty
     one) and return it. The same seed writes byte-identical files. ``kontext``: a FLUX.1-Kontext pipeline
-    (``FluxKontextPipeline``; Kontext is a dev model: guidance embedding, dynamic shift)."""
+    (``FluxKontextPipeline``; Kontext is a dev model: guidance embedding, dynamic shift). ``preset``: the
+    transformer's shape preset (configs/benchmarks/flux1.yaml; e.g. 'proxy' for inference latency at
+    FLUX's width), the text encoders as wide as its text dims and otherwise toy-sized; a preset other than
+    'tiny' is written in bf16."""
     out = Path(out)
     variant = "dev" if kontext else variant
     if variant not in VARIANTS:
@@ -221,7 +230,9 @@ def write_tiny_pipeline(
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):  # seeded weights without touching the caller's RNG
         torch.manual_seed(seed)
-        pipe = (FluxKontextPipeline if kontext else FluxPipeline)(**_components(variant))
+        pipe = (FluxKontextPipeline if kontext else FluxPipeline)(**_components(variant, preset))
+        if preset != "tiny":  # half the bytes to write and read
+            pipe.to(torch.bfloat16)
         clip_model, clip_processor = _clip_scorer()  # after the pipeline: its weights stay as they were
 
     def fill(tmp: Path) -> None:

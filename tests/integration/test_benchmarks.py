@@ -82,3 +82,54 @@ def test_the_throughput_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     # fits 80 GB, and checkpointing 'auto' takes the least recompute under 90% of it (72 GB)
     assert cells[("8", "full")][-2] == cells[("8", "none")][-2] == "yes" and 67 < total[("8", "none")] < 72
     assert cells[("8", "none")][-1] == "<- auto" and cells[("8", "full")][-1] == ""
+
+
+def test_torchtitans_flux_trains_beside_ours_on_cpu(tmp_path: Path) -> None:
+    """The torchtitan case (benchmarks/throughput/titan.py, GPU work) on the tiny preset: torchtitan's own
+    FLUX, its full checkpointing (more operators per step than without: the recomputed forward) and its
+    float8 converter (the profiled step runs fp8 GEMMs; its bf16 case none), beside ours in one run;
+    the goals table (ours over torchtitan's best, fp8 over bf16) and each case's grouped profile."""
+    import json
+    import subprocess
+    import sys
+
+    script = [sys.executable, str(Path(__file__).parents[2] / "benchmarks" / "train_throughput.py")]
+    out, profiles, compiled = tmp_path / "bench.json", tmp_path / "profiles", tmp_path / "compiled.json"
+    cases = "torchtitan:full,torchtitan:none,torchtitan-fp8:full,ours:full,ours-fp8:full"
+    args = ["--smoke", "--cases", cases, "--profile", str(profiles), "--json", str(out)]
+    # both at once (the smoke runs on one thread): its GPU setting too, each block compiled after its
+    # checkpoint_wrapper with fullgraph=True
+    runs = [
+        subprocess.Popen([*script, *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for a in (
+            [*args, "--markdown", str(tmp_path / "bench.md")],
+            ["--smoke", "--cases", "torchtitan:full", "--compile", "on", "--json", str(compiled)],
+        )
+    ]
+    try:
+        outputs = [run.communicate(timeout=400) for run in runs]
+    finally:  # a timeout leaves nothing running
+        for run in runs:
+            run.kill()
+    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outputs]
+    facts = json.loads(out.read_text())
+    rows = {(r["label"], r["checkpointing"]): r for r in facts["rows"]}
+    assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows.values()), facts["rows"]
+    titan, titan_none = rows[("torchtitan", "full")], rows[("torchtitan", "none")]
+    assert titan["ops_per_step"] > titan_none["ops_per_step"]  # checkpoint_wrapper recomputes each block
+    on = json.loads(compiled.read_text())["rows"][0]
+    assert on["status"] == "ok" and on["compile"] and on["recompiles"] == 0
+    assert on["ops_per_step"] < titan["ops_per_step"] / 2  # the blocks run as compiled graphs
+    assert rows[("torchtitan-fp8/tensorwise", "full")]["time_groups"]["fp8 GEMM"] > 0
+    assert titan["time_groups"]["fp8 GEMM"] == 0 and titan["time_groups"]["bf16 GEMM"] > 0
+    assert len(list(profiles.glob("*.txt"))) == len(rows)
+    goals = {g["goal"]: g for g in facts["goals"]}
+    best_titan = max(titan["samples_per_s"], titan_none["samples_per_s"])
+    ours = rows[("ours", "full")]["samples_per_s"]
+    assert goals["ours bf16 / torchtitan's best bf16"]["measured"] == ours / best_titan
+    fp8 = rows[("ours-fp8/tensorwise", "full")]["samples_per_s"]
+    assert goals["fp8 tensorwise / bf16, full"]["measured"] == fp8 / ours
+    over_peer_or_titan = {(r["impl"], r["over"]) for r in facts["ratios"]}
+    assert {("ours", "torchtitan"), ("torchtitan-fp8/tensorwise", "torchtitan")} <= over_peer_or_titan
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "Goals (issue 41):" in markdown and "| torchtitan | 2 | full |" in markdown

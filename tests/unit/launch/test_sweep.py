@@ -39,7 +39,9 @@ def test_grid_parsing_refuses_bad_items() -> None:
 
 
 def test_a_bad_point_is_refused_before_anything_runs(workdir: Path) -> None:
-    request = SweepRequest("local", {"train.micro_batch_size": ["8", "3"]}, synthetic=True)
+    """A train sweep keeps the system's global batch (16 on local): a micro-batch of 3 does not divide it.
+    (A throughput sweep sizes each point's batch from its micro-batch instead.)"""
+    request = SweepRequest("local", {"train.micro_batch_size": ["8", "3"]}, job="train")
     with pytest.raises(FluxClusterError, match=r"sweep point 1 \(micro_batch_size=3\).*not a multiple"):
         create_sweep(request)
     assert not (workdir / "runs").exists()  # nothing written
@@ -284,6 +286,15 @@ def test_a_throughput_sweep_scales_the_global_batch_per_point(workdir: Path) -> 
     fixed = replace(request, overrides=["train.global_batch_size=512"])
     with pytest.raises(FluxClusterError, match=r"sweep point \d+ \(.*\): train.global_batch_size: 512"):
         plan_sweep(fixed)
+
+
+def test_a_throughput_sweep_takes_micro_batches_above_the_systems_global_batch(workdir: Path) -> None:
+    """local sets a global batch of 16: a throughput sweep's micro-batches up to 64 (gpu_check.sh's
+    micro-batch curve) each train one step's worth, not refused for not dividing 16."""
+    request = SweepRequest("local", {"train.micro_batch_size": ["1", "16", "64"]}, synthetic=True)
+    plan = plan_sweep(request)
+    assert plan.global_batch == [mbs * ranks for mbs, ranks in zip((1, 16, 64), plan.ranks, strict=True)]
+    assert plan.points[-1].derived == [f"train.global_batch_size={64 * plan.ranks[-1]}"]
 
 
 def test_sweep_dry_run_prints_the_plan_and_writes_nothing(workdir: Path) -> None:

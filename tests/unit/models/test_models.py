@@ -81,6 +81,20 @@ def test_tiny_pipeline_same_seed_same_bytes(tiny_pipeline: Path, tmp_path: Path)
     assert len(weights) == 5 and all(other[name] != _files(again)[name] for name in weights)
 
 
+def test_a_pipeline_at_the_proxy_width_has_encoders_as_wide_as_its_transformer() -> None:
+    """write_tiny_pipeline(preset='proxy') (gpu_check.sh's inference latency at FLUX's width): the
+    transformer is the preset's, and T5's and CLIP's outputs are as wide as its text inputs (built on the
+    meta device: 2.5B parameters, nothing allocated)."""
+    from flux_cluster.models.tiny import _components
+
+    proxy = load_workload("flux1")[0].models["proxy"]
+    with torch.device("meta"):
+        parts = _components("schnell", "proxy")
+    assert ModelArgs.of(parts["transformer"].config) == proxy
+    assert parts["text_encoder_2"].config.d_model == proxy.joint_attention_dim == 4096
+    assert parts["text_encoder"].config.hidden_size == proxy.pooled_projection_dim == 768
+
+
 def test_models_tiny_cli(cli: CliRunner, tmp_path: Path) -> None:
     out = tmp_path / "tiny"
     result = cli.invoke(app, ["models", "tiny", str(out), "--variant", "dev", "--seed", "2"])
