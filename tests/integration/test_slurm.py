@@ -127,8 +127,9 @@ def test_cancel_a_running_job(cli: CliRunner, workdir: Path) -> None:
 
 
 def test_job_requeues_itself_after_its_signal_and_resumes(cli: CliRunner, workdir: Path) -> None:
-    # The USR1 comes 6 s after the job's start, in the soak or before it (the rest runs after the requeue).
-    run_dir, record = launch(cli, "preflight", "--soak-seconds", "15")
+    # The USR1 comes 6 s after the job's start, in the soak or before it (the rest runs after the requeue):
+    # the 8 s soak alone outlasts those 6 s, however fast the ranks start.
+    run_dir, record = launch(cli, "preflight", "--soak-seconds", "8")
     (job_id,) = record.job_ids
     poll(lambda: "repeat 1 of 1" in log_text(run_dir, job_id), what="the soak to start")
     time.sleep(6)
