@@ -58,6 +58,20 @@ def _private_secrets_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         os.environ["FLUX_CLUSTER_SECRETS"] = previous
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user cache (XDG_CACHE_HOME: the systems' synthetic datasets, encode caches) is a folder of this
+    session: a system's synthetic dataset is made once and shared by every test (and Slurm job) that trains
+    on it, and nothing lands in the real ~/.cache."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-init FLUX.1-schnell pipeline folder (flux-cluster models tiny, seed 0), written once per

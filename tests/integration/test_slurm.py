@@ -322,12 +322,6 @@ def test_data_encode_submit_encodes_with_a_two_task_array_and_finishes(
     assert shards(workdir / "local-out") == shards(workdir / "slurm-out") and len(chunks) == 2
 
 
-@pytest.fixture
-def data_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """local_slurm trains on synthetic data made on the submitting host: keep it in one test folder."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "slurm-data-cache"))
-
-
 def rank_pids(run_dir: Path) -> dict[int, int]:
     """The training ranks of a run on this host (both emulated nodes are localhost), by rank; not their
     loader workers (forked, so with the same command line)."""
@@ -347,7 +341,6 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
     return {rank: pid for pid, (rank, parent) in found.items() if parent not in found}
 
 
-@pytest.mark.usefixtures("data_cache")
 def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, workdir: Path) -> None:
     """On the way to the target, one rank is SIGKILLed (as in a node crash: no signal to act on, the
     periodic checkpoint by wall time is what is left) and the job requeues itself; later the run is
@@ -402,7 +395,6 @@ def test_two_node_training_job_completes_with_a_compliant_log(cli: CliRunner, wo
     assert "FAILED" in (run_dir / "results" / "compliance_0.log").read_text()  # the job's own check
 
 
-@pytest.mark.usefixtures("data_cache")
 def test_training_with_a_short_walltime_checkpoints_requeues_and_finishes(
     cli: CliRunner, workdir: Path
 ) -> None:
