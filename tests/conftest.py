@@ -96,13 +96,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _private_secrets_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Secrets a test submits land in a temporary folder, never in ~/.config/flux-cluster/secrets."""
-    previous = os.environ.get("FLUX_CLUSTER_SECRETS")
-    os.environ["FLUX_CLUSTER_SECRETS"] = str(tmp_path_factory.mktemp("secrets"))
-    yield
-    if previous is None:
-        os.environ.pop("FLUX_CLUSTER_SECRETS", None)
-    else:
-        os.environ["FLUX_CLUSTER_SECRETS"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLUX_CLUSTER_SECRETS", str(tmp_path_factory.mktemp("secrets")))
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -110,13 +106,9 @@ def _session_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     """The user cache (XDG_CACHE_HOME: the systems' synthetic datasets, encode caches) is a folder of this
     session: a system's synthetic dataset is made once and shared by every test (and Slurm job) that trains
     on it, and nothing lands in the real ~/.cache."""
-    previous = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
-    yield
-    if previous is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")
