@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from typer.testing import CliRunner
 
+from flux_cluster.atomic import write_atomic
+
 if TYPE_CHECKING:
     from flux_cluster.runtime.dist import DistInfo
 
@@ -36,11 +38,56 @@ SHIPPED_SYSTEMS = (
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 
 
+WAITING_MARKERS = ("slurm", "podman")
+"""Tests that mostly wait: on the localhost Slurm cluster (scheduling, requeues, walltime signals) or on
+the image builds (downloads, unpacking)."""
+WAITING_TESTS_ENV = "FLUX_TESTS_WAITING_LIST"
+"""Under pytest-xdist: the file where the workers list the waiting tests' ids for the scheduler."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist's controller (tools/dev.sh test: -n 2): a file for the waiting tests' ids, which its
+    workers (started after this) write and the scheduler below reads."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import tempfile
+
+        os.environ[WAITING_TESTS_ENV] = str(Path(tempfile.mkdtemp(prefix="flux-tests-")) / "waiting.txt")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Two groups for pytest-xdist's workers, each run in collection order on one worker: the tests that
+    mostly wait (WAITING_MARKERS) beside all the others, so the waits overlap work without two CPU-bound
+    tests competing, and the Slurm cluster and the image builds have one user each. (pytest-xdist's own
+    loadgroup cannot do it under pytest 9: its group suffix never reaches the test ids.)"""
+    if config.getvalue("dist") != "load":  # another --dist asked for: pytest-xdist's own
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WaitingBeside(LoadScopeScheduling):
+        waiting: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.waiting is None:  # every worker has collected (and listed) by the first call
+                self.waiting = set(Path(os.environ[WAITING_TESTS_ENV]).read_text().splitlines())
+            return "waiting" if nodeid in self.waiting else "other"
+
+    return WaitingBeside(config, log)
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Start the image build tests' set-up now, in the background (tests/podman_builds.py)."""
+    """Start the image build tests' set-up now, in the background (tests/podman_builds.py); not for a
+    collection only (it would outlive the session). A pytest-xdist worker lists the waiting tests instead
+    (pytest_xdist_make_scheduler): the image build tests' worker runs the set-up when they need it."""
     import podman_builds
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        waiting = [item.nodeid for item in items if any(map(item.get_closest_marker, WAITING_MARKERS))]
+        write_atomic(Path(os.environ[WAITING_TESTS_ENV]), "".join(f"{nodeid}\n" for nodeid in waiting))
+        return
+    if config.option.collectonly:
+        return
     if podman_builds.available() and any(item.get_closest_marker("podman") for item in items):
         podman_builds.BUILDS.start()
 
@@ -52,13 +99,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _private_secrets_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Secrets a test submits land in a temporary folder, never in ~/.config/flux-cluster/secrets."""
-    previous = os.environ.get("FLUX_CLUSTER_SECRETS")
-    os.environ["FLUX_CLUSTER_SECRETS"] = str(tmp_path_factory.mktemp("secrets"))
-    yield
-    if previous is None:
-        os.environ.pop("FLUX_CLUSTER_SECRETS", None)
-    else:
-        os.environ["FLUX_CLUSTER_SECRETS"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLUX_CLUSTER_SECRETS", str(tmp_path_factory.mktemp("secrets")))
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user cache (XDG_CACHE_HOME: the systems' synthetic datasets, encode caches) is a folder of this
+    session: a system's synthetic dataset is made once and shared by every test (and Slurm job) that trains
+    on it, and nothing lands in the real ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

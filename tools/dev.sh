@@ -92,7 +92,8 @@ case "$cmd" in
         cd "$ROOT"
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
-        exec "$VENV/bin/python" -m pytest "$@"
+        # Two workers: the Slurm and image build tests, which mostly wait, beside the others (tests/conftest.py).
+        exec "$VENV/bin/python" -m pytest -n 2 "$@"
         ;;
     *)
         sed -n '2,7p' "${BASH_SOURCE[0]}" >&2

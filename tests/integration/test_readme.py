@@ -350,7 +350,13 @@ def test_every_readme_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("HOME", str(home))
-    for name in ("FLUX_CLUSTER_RUNS", "FLUX_CLUSTER_SYSTEMS", "FLUX_CLUSTER_IMAGE", "FLUX_CLUSTER_REGISTRY"):
+    for name in (
+        "FLUX_CLUSTER_RUNS",
+        "FLUX_CLUSTER_SYSTEMS",
+        "FLUX_CLUSTER_IMAGE",
+        "FLUX_CLUSTER_REGISTRY",
+        "XDG_CACHE_HOME",  # the fresh home's ~/.cache, not the session's (tests/conftest.py)
+    ):
         monkeypatch.delenv(name, raising=False)
     _scene(home)
     # The libraries' log handlers are made once, on the stderr of the moment: here, not inside one

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +28,17 @@ of the system's 512 (an eval of the bf16 run takes 10 s on 2 CPU cores)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
-def synthetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The synthetic datasets of the module, made once where --system local looks for them: the system's
-    own, and SMALL_DATA's."""
-    previous = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+def synthetic_cache() -> Path:
+    """The synthetic datasets of the module, made before its tests where --system local looks for them (the
+    session's user cache, tests/conftest.py; the system's own may be there already): the system's own, and
+    SMALL_DATA's."""
     spec = load_system("local").config.train.synthetic_data
     small = load_system("local", list(SMALL_DATA)).config.train.synthetic_data
     assert spec is not None and small is not None
     from rich.console import Console
 
     ensure_synthetic_root(small, default_root(small), Console(quiet=True))
-    yield ensure_synthetic_root(spec, default_root(spec), Console(quiet=True))
-    if previous is None:
-        os.environ.pop("XDG_CACHE_HOME")
-    else:
-        os.environ["XDG_CACHE_HOME"] = previous
+    return ensure_synthetic_root(spec, default_root(spec), Console(quiet=True))
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
