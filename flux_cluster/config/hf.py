@@ -96,3 +96,16 @@ def model_task(folder: str | os.PathLike[str]) -> tuple[HfTask, str] | None:
     raise FluxClusterError(
         f"hf.task: {path} names {shown}, which implies {implied}: set hf.task to one of {', '.join(HF_TASKS)}"
     )
+
+
+def with_model_task(hf: "HfConfig", benchmark: str, sources: dict[str, str]) -> "HfConfig":
+    """The hf workload's hf.task, when unset, from the architecture hf.model's config.json names (its
+    source recorded in ``sources``)."""
+    if benchmark != HF_BENCHMARK or hf.task is not None or hf.model is None:
+        return hf
+    found = model_task(hf.model)
+    if found is None:  # not here (a container's path): resolve_training asks for hf.task
+        return hf
+    task, architecture = found
+    sources["hf.task"] = f"{Path(hf.model) / 'config.json'} ({architecture})"
+    return hf.model_copy(update={"task": task})

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from flux_cluster.config.hf import HF_BENCHMARK, model_task
+from flux_cluster.config.hf import with_model_task
 from flux_cluster.config.schema import SystemConfig
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.resources import systems_dir
@@ -564,7 +564,8 @@ def load_system(
         raise FluxClusterError(_explain(exc.errors()[0], tree, sources, path)) from None
     chosen = frozenset(key for key, source in sources.items() if isinstance(source, _RunChoice))
     plain = {key: str(source) for key, source in sources.items()}
-    return ResolvedSystem(config=_with_model_task(config, plain), sources=plain, file=path, chosen=chosen)
+    config = config.model_copy(update={"hf": with_model_task(config.hf, config.train.benchmark, plain)})
+    return ResolvedSystem(config=config, sources=plain, file=path, chosen=chosen)
 
 
 def _merge_override(leaves: dict, sources: dict, key: str, value: Any, origin: str) -> None:
@@ -574,19 +575,6 @@ def _merge_override(leaves: dict, sources: dict, key: str, value: Any, origin: s
     flat = _flatten({key: value})
     if list(flat) != [key]:
         _merge(leaves, sources, flat, dict.fromkeys(flat, origin))
-
-
-def _with_model_task(config: SystemConfig, sources: dict[str, str]) -> SystemConfig:
-    """The hf workload's hf.task, when unset, from the architecture hf.model's config.json names."""
-    hf = config.hf
-    if config.train.benchmark != HF_BENCHMARK or hf.task is not None or hf.model is None:
-        return config
-    found = model_task(hf.model)
-    if found is None:  # not here (a container's path): resolve_training asks for hf.task
-        return config
-    task, architecture = found
-    sources["hf.task"] = f"{Path(hf.model) / 'config.json'} ({architecture})"
-    return config.model_copy(update={"hf": hf.model_copy(update={"task": task})})
 
 
 def flat_view(resolved: ResolvedSystem) -> list[tuple[str, Any, str]]:

@@ -58,3 +58,12 @@ def test_import_graph_reads_the_floors_import_linter_holds() -> None:
     floors = _import_graph().read_floors(REPO / "pyproject.toml")
     assert floors["cli"] > floors["api"] > floors["launch"] == floors["report"] > floors["jobs"]
     assert floors["jobs"] > floors["training"] > floors["runtime"] > floors["config"] > floors["errors"] == 0
+
+
+def test_every_test_module_has_its_own_name() -> None:
+    """pytest imports test files by their base name (no packages under tests/): two of one name stop the
+    whole suite at collection ('import file mismatch'), which `dev.sh unit` alone would not show."""
+    from collections import Counter
+
+    names = Counter(path.name for path in (REPO / "tests").rglob("test_*.py"))
+    assert [name for name, count in names.items() if count > 1] == []
