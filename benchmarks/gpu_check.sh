@@ -126,7 +126,8 @@ run_step curve "$(budget 250 65)" job.log flux-cluster sweep --system "$SYSTEM" 
 flux-cluster report "$SWEEP" --format md -o "$OUT/curve.md" >>"$OUT/job.log" 2>&1
 if flux-cluster forecast --help >/dev/null 2>&1; then
   run_step forecast "$(budget 30 0)" forecast.md flux-cluster forecast --from "$SWEEP" --system dgx_h200x8 \
-    --gpus 8,16,32,64,128,256,512 --format markdown
+    "${CURVE_SET[@]}" \
+    --gpus 8,16,32,64,128,256,512 --format md
 else
   el "forecast skipped: no 'flux-cluster forecast' here (run it on the CPU machine on runs.tgz's mbs-curve)"
 fi
