@@ -16,6 +16,14 @@ class NoResultsError(FluxClusterError):
     """A report found no result logs under its paths (the CLI's exit code 1, not a usage error)."""
 
 
+def first_line(exc: BaseException) -> str:
+    """A library's error as one line for ours: its message's first line (printable, at most 200
+    characters), else its type."""
+    from flux_cluster.safe_text import printable
+
+    return printable((str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])
+
+
 def causes(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc

@@ -17,12 +17,6 @@ def grid_name(json_name: str) -> str:
     return json_name.removesuffix(".json") + "_grid.png"
 
 
-def first_line(exc: BaseException) -> str:
-    """A library error as one line: its message's first line, else its type."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def base_label(precision: str | None) -> str:
     """The base column's name: 'base', or 'base nf4' where it is the quantized base a LoRA run on
     train.base_precision nf4 trained beside (the document's base_precision)."""

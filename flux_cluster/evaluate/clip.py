@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flux_cluster.errors import FluxClusterError
-from flux_cluster.evaluate import first_line
+from flux_cluster.errors import FluxClusterError, first_line
 from flux_cluster.outside import OutsideFileError, read_json
 
 if TYPE_CHECKING:

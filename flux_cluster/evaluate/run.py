@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import flux_cluster.models.quiet  # noqa: F401  (before diffusers: quiets torchao's import warnings)
 from flux_cluster.config.transformer_config import read_transformer_config
 from flux_cluster.console import cli_console
-from flux_cluster.errors import FluxClusterError, allocation_failed, write_error
-from flux_cluster.evaluate import KIND, SCHEMA, base_label, first_line, grid_name
+from flux_cluster.errors import FluxClusterError, allocation_failed, first_line, write_error
+from flux_cluster.evaluate import KIND, SCHEMA, base_label, grid_name
 from flux_cluster.evaluate.clip import ClipScorer, find_clip
 from flux_cluster.evaluate.edits import edit_inputs
 from flux_cluster.evaluate.grid import grid_png, images_dir, save_images

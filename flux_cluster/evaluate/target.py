@@ -5,8 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from flux_cluster.errors import FluxClusterError
-from flux_cluster.evaluate import first_line
+from flux_cluster.errors import FluxClusterError, first_line
 from flux_cluster.outside import OutsideFileError, read_json
 from flux_cluster.safe_text import printable
 

@@ -20,8 +20,8 @@ import torch
 
 from flux_cluster.config.hf import SYNTHETIC, HfConfig
 from flux_cluster.data.prep.image_folder import MAX_DECODE_PIXELS
-from flux_cluster.errors import FluxClusterError
-from flux_cluster.hf.tables import Columns, RowSample, first_line, read_arrow_stream, read_table
+from flux_cluster.errors import FluxClusterError, first_line
+from flux_cluster.hf.tables import Columns, RowSample, read_arrow_stream, read_table
 from flux_cluster.outside import OutsideFileError, open_regular, read_json_object
 from flux_cluster.safe_text import printable
 

@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
-from flux_cluster.errors import FluxClusterError, allocation_failed
+from flux_cluster.errors import FluxClusterError, allocation_failed, first_line
 from flux_cluster.hf.inputs import check_fits_weights, check_loaded, check_model_folder
-from flux_cluster.hf.tables import first_line
 from flux_cluster.safe_text import printable
 
 AUTO_CLASSES = {

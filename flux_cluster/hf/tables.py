@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from flux_cluster.errors import FluxClusterError
+from flux_cluster.errors import FluxClusterError, first_line
 from flux_cluster.outside import MIB, OutsideFileError, open_regular
 from flux_cluster.safe_text import printable
 
@@ -40,10 +40,6 @@ _CLOSE = (ord("]"), ord("}"))
 
 def _shown(path: Path) -> str:
     return printable(str(path))
-
-
-def first_line(exc: BaseException) -> str:
-    return printable((str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])
 
 
 class RowSample:
