@@ -101,7 +101,7 @@ def mlperf_groups(groups: list[GroupResult]) -> list[GroupResult]:
 
 GROUP_COLUMNS = [
     Column("system", system_label),
-    Column("benchmark", lambda g: g.benchmark, terminal=False),
+    Column("benchmark", lambda g: g.benchmark, terminal=False, page=False),  # the cards say it
     Column("accelerators", lambda g: g.accelerators),
     Column("runs scored", _runs),
     Column("olympic minutes", olympic_text),

@@ -24,7 +24,7 @@ def test_models_tiny_data_synth_hf_and_the_report(tmp_path: Path, cli: CliRunner
     data = tmp_path / "reviews"
     result = cli.invoke(app, ["data", "synth-hf", "--kind", "text-classification", str(data), "--train", "8"])
     assert result.exit_code == 0, result.output
-    assert "wrote 8 train and 16 val samples (text-classification)" in result.stdout
+    assert "wrote 8 train and 32 val samples (text-classification)" in result.stdout
     assert len((data / "train.jsonl").read_text().splitlines()) == 8
     bad = cli.invoke(app, ["data", "synth-hf", "--kind", "audio", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--kind 'audio': expected one of" in bad.output

@@ -212,7 +212,8 @@ def test_cancel_stops_what_holds_the_run_lock_and_status_names_the_checkpoint(
         holder.kill()
         holder.wait()
     status = cli.invoke(app, ["status"], env={"COLUMNS": "400"})
-    assert f"CANCELLED (checkpoint {checkpoint.relative_to(workdir)})" in status.output, status.output
+    # the API opens a run by its absolute path (the same run after a chdir), so status names it so
+    assert f"CANCELLED (checkpoint {checkpoint.absolute()})" in status.output, status.output
     assert "is not running" in cli.invoke(app, ["cancel"]).output
 
 
