@@ -21,6 +21,8 @@ from flux_cluster.config import load_system
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.report.forecast.model import (
     EFFICIENCY,
+    EXPOSED,
+    FIXED_SHARE,
     Fabric,
     Sample,
     comm_seconds,
@@ -74,6 +76,16 @@ def test_communication_counts_the_sharded_collectives_over_the_links_they_cross(
     flat = comm_seconds(P, 2, 16, fabric(), "world")
     assert flat.seconds == pytest.approx(8 * P * 15 / 16 / (400e9 * 0.8))
     assert comm_seconds(P, 2, 1, fabric(), None).seconds == 0.0
+    # gradient accumulation: every micro-batch gathers the parameters again, the gradients reduce once
+    again = comm_seconds(P, 2, 8, fabric(), None, gathers=3)
+    assert again.bytes == pytest.approx((2 * 2 * 3 + 4) * P * 7 / 8) and "3 micro-batches" in again.text
+    # --inter-bandwidth: a measured bus bandwidth across nodes; --bandwidth the NVLink one, each for its links
+    assert comm_seconds(P, 2, 16, fabric(measured_out_gbps=200.0), "world").seconds == pytest.approx(
+        8 * P * 15 / 16 / 200e9
+    )
+    assert comm_seconds(P, 2, 8, fabric(measured_out_gbps=200.0), "world").seconds == pytest.approx(
+        8 * P * 7 / 8 / 720e9
+    )  # within a node the datasheet NVLink still counts
     assert comm_seconds(P, 2, 16, fabric(measured_gbps=100.0), "world").seconds == pytest.approx(
         8 * P * 15 / 16 / 100e9
     )  # a measured bus bandwidth is taken as measured
@@ -81,17 +93,22 @@ def test_communication_counts_the_sharded_collectives_over_the_links_they_cross(
         comm_seconds(P, 2, 16, fabric(scale_out_gbps=None), None)
 
 
-def test_the_step_fit_recovers_a_fixed_and_a_per_sample_part() -> None:
-    comm = [0.05, 0.05, 0.05]
-    steps = [Sample(m, 8, 0.02 + 0.003 * m + 0.05, 0.0) for m in (2, 8, 32)]
-    fit = fit_steps(steps, comm)
-    assert (fit.fixed_s, fit.per_sample_s, fit.batches) == (
-        pytest.approx(0.02),
-        pytest.approx(0.003),
-        (2, 32),
-    )
-    one = fit_steps([Sample(32, 8, 0.5, 0.0)], [0.1])  # one batch size: what does not shrink is comm alone
-    assert (one.fixed_s, one.per_sample_s) == (0.0, pytest.approx(0.4 / 32))
+def test_the_step_fit_recovers_the_overlapped_model_in_both_regimes() -> None:
+    # t = a + max(b m, c) + e min(b m, c): 2 and 8 per GPU are communication-bound, 32 compute-bound
+    a, b, e, c = 0.02, 0.003, EXPOSED, 0.05
+    steps = [Sample(m, 8, a + max(b * m, c) + e * min(b * m, c), 0.0) for m in (2, 8, 32)]
+    fit = fit_steps(steps, [c] * 3, e)
+    assert (fit.fixed_s, fit.per_sample_s, fit.batches) == (pytest.approx(a), pytest.approx(b), (2, 8, 32))
+    assert fit.residual == pytest.approx(0.0, abs=1e-12) and fit.measured_fixed
+    assert fit.step(4, 0.2) == pytest.approx(a + 0.2 + e * 4 * b)  # the compute hides under comm but e of it
+    # an exact fit still has a band that grows away from the measured batches: the inputs' noise
+    assert 0 < fit.prediction_error(16, 0.02) < fit.prediction_error(128, 0.02)
+    # one batch: the fixed part is assumed (a share of the measured compute), the step there is kept
+    one = [Sample(32, 8, 0.5, 0.0)]
+    none, some = fit_steps(one, [0.1], e, 0.0), fit_steps(one, [0.1], e, FIXED_SHARE)
+    assert none.fixed_s == 0.0 and some.fixed_s > 0 and not some.measured_fixed
+    assert none.step(32, 0.1) == pytest.approx(0.5) and some.step(32, 0.1) == pytest.approx(0.5)
+    assert some.step(4, 0.0) > none.step(4, 0.0)  # what the assumption moves: the smaller batches
     with pytest.raises(FluxClusterError, match="do not grow with the per-GPU batch"):
         fit_steps([Sample(32, 8, 0.5, 0.0)], [0.6])
 
@@ -103,7 +120,7 @@ def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> No
     setup = make_setup(
         load_system("gb200_nvl72").config,
         dp_shard=None,
-        bandwidth=None,
+        bandwidth=(None, None),
         ruleset="5.1.0",
         ruleset_from="--ruleset",
         price=None,
@@ -113,6 +130,17 @@ def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> No
     assert default_batch(setup, 512) == 4096  # the largest preset within 32 per GPU that splits
     with pytest.raises(FluxClusterError, match="no batch preset"):
         default_batch(setup, 100)
+    # a system without a global batch (dgx_b200x8, nodes: 1): a run at 64 GPUs takes the reference's 512,
+    # not 64 per GPU as if the one configured node's share held at every scale
+    b200 = make_setup(
+        load_system("dgx_b200x8").config,
+        dp_shard=None,
+        bandwidth=(None, None),
+        ruleset="5.1.0",
+        ruleset_from="--ruleset",
+        price=None,
+    )
+    assert default_batch(b200, 64) == 512 and default_batch(b200, 16) == 512
 
 
 def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, scaling: Path) -> None:
@@ -126,9 +154,12 @@ def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, sc
     (row,) = result.rows
     assert (row.gpus, row.global_batch_size, row.per_gpu_batch) == (512, 2048, 4)
     assert row.actual_minutes == pytest.approx(17.91264166666667)  # the official score
-    assert abs(row.error or 1) < 0.10 and row.inside
-    assert row.minutes_high / row.minutes - 1 <= 0.30 and 1 - row.minutes_low / row.minutes <= 0.30
-    assert row.extrapolated and "extrapolated: 4 per GPU, measured 32..32" in row.basis
+    # the official score inside the band; the point 21% fast (docs/benchmarks.md: NeMo ran it with tensor
+    # parallelism 4, not this FSDP; communication-bound, the forecast is as good as the bandwidth known)
+    assert row.inside and -0.25 < (row.error or 1) < 0
+    assert row.minutes_high / row.minutes - 1 < 0.35 and 1 - row.minutes_low / row.minutes < 0.35
+    assert row.extrapolated and "extrapolated: 4 per GPU, measured 32 (one per-GPU batch" in row.basis
+    assert "fixed part assumed" in row.basis and not result.model["fixed_measured"]
     # the 4-per-GPU step is mostly what does not shrink: the modelled communication
     step = float(re.search(r"step ([\d.]+) s", row.basis).group(1))  # type: ignore[union-attr]
     comm = float(re.search(r"comm ([\d.]+) s", row.basis).group(1))  # type: ignore[union-attr]
