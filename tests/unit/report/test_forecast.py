@@ -8,6 +8,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -263,3 +265,80 @@ def test_bad_input_is_one_line(sample: Path, tmp_path: Path) -> None:
     assert "trained model 'tiny'" in error(
         "--from", str(_sweep(tmp_path / "t", [2, 4])), "--system", "gb200_nvl72", "--gpus", "8"
     )
+
+
+def test_a_band_end_the_measured_steps_rule_out_is_dropped_not_the_forecast(sample: Path) -> None:
+    # a measured NVLink bus bandwidth at which the modelled communication is 90% of the measured step: the
+    # slow end of the measured range (0.8 of it) would need more than the step; the forecast stands
+    plain = api.forecast([sample / GROUP], system="gb200_nvl72", gpus=[16], ruleset="5.1.0", dp_shard="world")
+    step = plain.inputs[0]["step_s"]
+    gbps = 8 * P * 15 / 16 / (0.9 * step) / 1e9
+    result = api.forecast(
+        [sample / GROUP],
+        system="gb200_nvl72",
+        gpus=[(16, 512)],
+        ruleset="5.1.0",
+        dp_shard="world",
+        bandwidth=gbps,
+    )
+    (row,) = result.rows
+    assert result.model["band_ends_dropped"] == ["bandwidth at its slow end"]
+    assert "band ends the measured steps rule out: bandwidth at its slow end" in row.basis
+    assert row.samples_per_s == pytest.approx(512 / step, rel=0.01)  # the measured point given back
+
+
+def test_one_per_gpu_batch_widens_the_band_away_from_it_and_noise_widens_an_exact_fit(
+    sample: Path, tmp_path: Path
+) -> None:
+    result = api.forecast(
+        [sample / GROUP], system="gb200_nvl72", gpus=[(16, 512), (16, 128)], ruleset="5.1.0"
+    )
+    at, below = result.rows
+    assert not at.extrapolated and below.extrapolated and "fixed part assumed" in below.basis
+    width = [r.samples_per_s_high / r.samples_per_s_low for r in (at, below)]
+    assert width[1] > width[0]
+    # two batches fitted exactly (residual 0), steps spread 10% p90 over p50: the band still grows away
+    sweep = _sweep(tmp_path / "mbs", [2, 4, 8, 16])
+    rows = api.forecast([sweep], system="local", gpus=[(1, 8), (1, 64)]).rows
+    assert rows[1].extrapolated and not rows[0].extrapolated
+    near, far = (r.samples_per_s_high / r.samples_per_s_low for r in rows)
+    assert 1 < near < far
+
+
+def test_accumulation_regathers_and_the_evaluation_assumption(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path / "mbs", [2, 4, 8, 16])
+    (row,) = api.forecast([sweep], system="local", gpus=[(2, 32)]).rows  # 16 a GPU, micro-batch 8
+    assert "gathered for 2 micro-batches" in row.basis and "1/3 of a training sample" in row.basis
+    (recomputed,) = api.forecast(
+        [sweep], system="local", gpus=[(2, 16)], overrides=["train.activation_checkpointing=full"]
+    ).rows
+    assert "1/4 of a training sample" in recomputed.basis and "recomputes the forward" in recomputed.basis
+
+
+def test_small_cli_edges(sample: Path, tmp_path: Path) -> None:
+    cli = CliRunner()
+    base = ["forecast", "--from", str(sample / GROUP), "--system", "gb200_nvl72"]
+    zero = cli.invoke(app, [*base, "--gpus", "0"])
+    assert zero.exit_code == 2 and zero.output.strip().count("\n") == 0, zero.output
+    assert "--gpus 0: expected GPUs >= 1" in zero.output and "None" not in zero.output
+    free = cli.invoke(app, [*base, "--ruleset", "5.1.0", "--gpus", "16", "--price", "0", "-f", "json"])
+    assert json.loads(free.stdout)["rows"][0]["usd"] == 0.0
+    table = cli.invoke(app, [*base, "--ruleset", "5.1.0", "--gpus", "16", "--price", "0"]).stdout
+    assert " 0.00 " in table
+    assumed = cli.invoke(app, [*base, "--gpus", "16"]).stdout  # the sample's logs do not name a ruleset
+    assert "(assumed: the logs do not say; give --ruleset)" in assumed and "from assumed" not in assumed
+    # --deadline picks among the forecasts, never a --target row (a check, not a choice)
+    result = api.forecast(
+        [sample / GROUP],
+        system="gb200_nvl72",
+        gpus=[72],
+        targets=[sample / GROUP],
+        ruleset="5.1.0",
+        deadline=1e6,
+    )
+    assert result.deadline is not None and result.deadline["gpus"] == 72  # the target's 16 GPUs cost less
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "forecast_validation.py"
+    shown = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, check=False
+    )
+    assert shown.returncode == 0 and "usage: forecast_validation.py" in shown.stdout, shown.stderr
