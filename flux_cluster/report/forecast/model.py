@@ -304,8 +304,10 @@ def samples_band(
     """(low, point, high) samples to converge whose score counts: the RCP mean times the inputs' own
     convergence ratio (never below 1: the summarizer scales a faster submission up to the RCP mean, so
     the RCP mean is also the low end); high: Z standard deviations of a submission's olympic mean and of
-    carrying the ratio to this batch, one reference run's spread per doubling of the batch away from the
-    nearest measured one (at least one)."""
+    carrying the ratio to this batch. That last is an assumption, not measured (no submission publishes its
+    convergence at batches it did not run): the ratio may drift by one reference run's standard deviation
+    per doubling of the batch away from the nearest measured one (at least one, even at a measured batch:
+    another submission's hyperparameters at the same batch converge differently)."""
     point = mean * max(1.0, ratio)
     spread = math.hypot(olympic_sd(runs) * stdev, max(1.0, doublings) * stdev)
     return mean, point, point + Z * spread

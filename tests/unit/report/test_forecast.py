@@ -32,7 +32,7 @@ from flux_cluster.report.forecast.model import (
     fit_steps,
     olympic_sd,
 )
-from flux_cluster.report.forecast.points import default_batch, make_setup
+from flux_cluster.report.forecast.points import Setup, default_batch, make_setup
 from flux_cluster.report.rcp import reference
 from flux_cluster.sweepdir import Point, SweepState
 
@@ -115,18 +115,18 @@ def test_the_step_fit_recovers_the_overlapped_model_in_both_regimes() -> None:
         fit_steps([Sample(32, 8, 0.5, 0.0)], [0.6])
 
 
+def _setup(system: str) -> Setup:
+    config = load_system(system).config
+    return make_setup(
+        config, dp_shard=None, bandwidth=(None, None), ruleset="5.1.0", ruleset_from="--ruleset", price=None
+    )
+
+
 def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> None:
     assert 0.3 < olympic_sd(10) < 0.4  # the olympic mean of 10 runs varies about a third of one run's sd
     assert evaluations(10_733_340, 2048, 262_144) == math.ceil(10_733_340 / 262_144)
     assert evaluations(1_000_000, 2304, 262_144) == math.ceil(1_000_000 / (114 * 2304))
-    setup = make_setup(
-        load_system("gb200_nvl72").config,
-        dp_shard=None,
-        bandwidth=(None, None),
-        ruleset="5.1.0",
-        ruleset_from="--ruleset",
-        price=None,
-    )
+    setup = _setup("gb200_nvl72")
     assert setup.params == P and setup.price == 6.49
     assert default_batch(setup, 72) == 2304  # the system's own batch
     assert default_batch(setup, 512) == 4096  # the largest preset within 32 per GPU that splits
@@ -134,14 +134,7 @@ def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> No
         default_batch(setup, 100)
     # a system without a global batch (dgx_b200x8, nodes: 1): a run at 64 GPUs takes the reference's 512,
     # not 64 per GPU as if the one configured node's share held at every scale
-    b200 = make_setup(
-        load_system("dgx_b200x8").config,
-        dp_shard=None,
-        bandwidth=(None, None),
-        ruleset="5.1.0",
-        ruleset_from="--ruleset",
-        price=None,
-    )
+    b200 = _setup("dgx_b200x8")
     assert default_batch(b200, 64) == 512 and default_batch(b200, 16) == 512
 
 
