@@ -335,3 +335,18 @@ def test_small_cli_edges(sample: Path, tmp_path: Path) -> None:
         [sys.executable, str(script), "--help"], capture_output=True, text=True, check=False
     )
     assert shown.returncode == 0 and "usage: forecast_validation.py" in shown.stdout, shown.stderr
+
+
+def test_forecast_takes_the_format_names_report_takes(sample: Path) -> None:
+    cli = CliRunner()
+    source = ["--from", str(sample / GROUP), "--system", "gb200_nvl72", "--ruleset", "5.1.0", "--gpus", "16"]
+    for name in ("table", "json", "csv", "md", "html"):
+        assert cli.invoke(app, ["forecast", *source, "-f", name]).exit_code == 0, name
+        assert cli.invoke(app, ["report", str(sample), "--no-check", "-f", name]).exit_code == 0, name
+    forecast = cli.invoke(app, ["forecast", *source, "-f", "markdown"])
+    report = cli.invoke(app, ["report", str(sample), "--no-check", "-f", "markdown"])
+    assert forecast.exit_code == report.exit_code == 2
+    names = [
+        re.search(r"is not one of (.*?)\. \(see", " ".join(r.output.split())) for r in (forecast, report)
+    ]
+    assert names[0] and names[1] and names[0][1] == names[1][1] == "'table', 'json', 'csv', 'md', 'html'"
