@@ -25,6 +25,7 @@ def forecast(
     ruleset: str | None = None,
     dp_shard: int | Literal["world"] | None = None,
     bandwidth: float | None = None,
+    inter_bandwidth: float | None = None,
     price: float | None = None,
     deadline: float | None = None,
     check: bool = False,
@@ -35,8 +36,9 @@ def forecast(
     GPUs and batch, beside its official score). ``system`` (with ``overrides``, KEY=VALUE) gives GPUs per
     node, the interconnect, the sharding, the model and the price; ``dp_shard``: the shard group ('world':
     plain FSDP over every GPU; None: the system's train.dp_shard); ``bandwidth``: a measured bus bandwidth
-    in GB/s for every collective; ``check``: run the compliance checker on result logs (the summarizer
-    drops failing runs). Bad input: one-line FluxClusterError."""
+    in GB/s within one scale-up domain (NVLink), ``inter_bandwidth``: across domains (the NICs);
+    ``check``: run the compliance checker on result logs (the summarizer drops failing runs).
+    Bad input: one-line FluxClusterError."""
     from flux_cluster.api.runs import load_system
     from flux_cluster.report.forecast.inputs import read_inputs, read_results
     from flux_cluster.report.forecast.points import forecast_rows, make_setup
@@ -47,8 +49,11 @@ def forecast(
         )
     if not gpus and not targets:
         raise FluxClusterError("forecast: give --gpus N[,N...] (or N:BATCH), or --target RESULTS_DIR")
-    if bandwidth is not None and not bandwidth > 0:
-        raise FluxClusterError(f"--bandwidth {bandwidth}: expected GB/s > 0")
+    for flag, value in (("--bandwidth", bandwidth), ("--inter-bandwidth", inter_bandwidth)):
+        if value is not None and not value > 0:
+            raise FluxClusterError(f"{flag} {value}: expected GB/s > 0")
+    if price is not None and not price >= 0:
+        raise FluxClusterError(f"--price {price}: expected USD per GPU-hour >= 0")
     if deadline is not None and not deadline > 0:
         raise FluxClusterError(f"--deadline {deadline}: expected minutes > 0")
     config = load_system(system, overrides)
@@ -56,13 +61,19 @@ def forecast(
     aimed = read_results([Path(p) for p in targets], ruleset, check) if targets else []
     chosen, source = _ruleset(ruleset, measured + aimed, config.mlperf.ruleset)
     setup = make_setup(
-        config, dp_shard=dp_shard, bandwidth=bandwidth, ruleset=chosen, ruleset_from=source, price=price
+        config,
+        dp_shard=dp_shard,
+        bandwidth=(bandwidth, inter_bandwidth),
+        ruleset=chosen,
+        ruleset_from=source,
+        price=price,
     )
     _check_models(measured, setup.model, system)
     points = [(p, global_batch_size) if isinstance(p, int) else p for p in gpus]
     for count, batch in points:
         if count < 1 or (batch is not None and batch < 1):
-            raise FluxClusterError(f"--gpus {count}:{batch}: expected GPUs >= 1 and a batch >= 1")
+            given = f"{count}" if batch is None else f"{count}:{batch}"
+            raise FluxClusterError(f"--gpus {given}: expected GPUs >= 1 (and a batch >= 1: N:BATCH)")
     result = forecast_rows(setup, measured, points, aimed, deadline)
     result.warnings += [w for m in measured + aimed for w in m.warnings if w.startswith("ruleset")]
     return result

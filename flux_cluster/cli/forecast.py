@@ -57,8 +57,17 @@ BandwidthOption = Annotated[
     float | None,
     typer.Option(
         metavar="GBPS",
-        help="Measured bus bandwidth in GB/s for every collective \\[default: the system's interconnect "
-        "datasheet figures x 0.8].",
+        help="Measured bus bandwidth in GB/s of collectives within one scale-up domain (NVLink; nccl-tests "
+        "busbw) \\[default: the system's interconnect.scale_up_gbps x 0.8].",
+        show_default=False,
+    ),
+]
+InterBandwidthOption = Annotated[
+    float | None,
+    typer.Option(
+        metavar="GBPS",
+        help="Measured bus bandwidth in GB/s of collectives across scale-up domains (the NICs) \\[default: "
+        "interconnect.scale_out_gbps x 0.8 x the group's GPUs per domain].",
         show_default=False,
     ),
 ]
@@ -92,6 +101,7 @@ def forecast(
     ] = None,
     dp_shard: DpShardOption = None,
     bandwidth: BandwidthOption = None,
+    inter_bandwidth: InterBandwidthOption = None,
     price: Annotated[
         float | None,
         typer.Option(
@@ -130,6 +140,7 @@ def forecast(
         ruleset=ruleset.value if ruleset else None,
         dp_shard=parse_dp_shard(dp_shard),  # type: ignore[arg-type]
         bandwidth=bandwidth,
+        inter_bandwidth=inter_bandwidth,
         price=price,
         deadline=deadline,
         check=check,

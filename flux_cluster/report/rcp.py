@@ -10,6 +10,7 @@ reading the logs again or writing ``scaling.json``.
 """
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass
 from functools import cache
@@ -19,6 +20,8 @@ from typing import Any
 from flux_cluster.errors import FluxClusterError
 
 USAGE = "training"
+MISSING = "Missing RCP, please submit RCP with BS = {b}"
+"""check_directory's words where no RCP holds a submission at its batch."""
 PASS = "pruned_rcps"
 """The summarizer's (and the package checker's) choice of points: the pruned ones."""
 
@@ -117,29 +120,49 @@ def submission_runs(benchmark: str) -> int:
     return int(rcp_checker.submission_runs[USAGE].get(benchmark, 0))
 
 
+def submission_mean(samples: list[float | None], max_dropped: int = 1) -> float | None:
+    """The checker's (and the summarizer's) samples to converge of a submission: the olympic mean, one run
+    dropped at each end, a run that did not converge counted as the slowest (rcp_checker's
+    _eval_submission_record, get_submission_epochs); None: more than ``max_dropped`` did not converge, or
+    fewer than 3 runs."""
+    per_run = sorted(math.inf if s is None else float(s) for s in samples)
+    if sum(math.isinf(s) for s in per_run) > max_dropped or len(per_run) < 3:
+        return None
+    return float(statistics.fmean(per_run[1:-1]))
+
+
 def verdict(ruleset: str, benchmark: str, batch: int | None, samples: list[float | None]) -> dict[str, Any]:
-    """What the RCP checker says of these runs (samples to converge per run; None: did not converge):
-    'pass', 'pass, normalized' (faster than the RCP mean within its tolerance: the score is multiplied by
-    ``factor``), 'fail' (faster than the checker accepts), 'insufficient convergence', 'missing RCP',
-    'no global batch', each with 'too few runs' where the group has fewer than the checker expects."""
+    """What the RCP checker's check_directory says of these runs (samples to converge per run; None: did
+    not converge): 'pass', 'pass, normalized' (faster than the RCP mean within its tolerance: the score is
+    multiplied by ``factor``), 'fail' (faster than the checker accepts), 'missing RCP' (above every RCP, or
+    below the smallest and faster than it: the checker asks for an RCP at this batch), 'insufficient
+    convergence', 'no global batch', each with 'too few runs' where the group has fewer than the checker
+    expects; ``message``: the checker's own words."""
     needed = submission_runs(benchmark)
     out: dict[str, Any] = {"ruleset": ruleset, "batch": batch, "runs": len(samples), "runs_needed": needed}
     out["too_few_runs"] = len(samples) < needed
     if batch is None:
-        return out | {"verdict": "no global batch"}
-    per_run = sorted(1e9 if s is None else float(s) for s in samples)  # the checker's "infinite"
-    if sum(s is None for s in samples) > 1 or len(per_run) < 3:
-        return out | {"verdict": "insufficient convergence" if len(per_run) >= 3 else "too few runs"}
+        return out | {"verdict": "no global batch", "message": "Could not detect global_batch_size"}
+    mean = submission_mean(samples)
+    if mean is None:
+        word = "insufficient convergence" if len(samples) >= 3 else "too few runs"
+        return out | {"verdict": word, "message": "Insufficient convergence"}
+    missing = MISSING.format(b=batch)
     try:
         ref = reference(ruleset, batch, benchmark)
     except FluxClusterError:
-        return out | {"verdict": "missing RCP"}
-    mean = statistics.fmean(per_run[1:-1])
+        return out | {"verdict": "missing RCP", "message": missing}
     factor = max(1.0, ref.mean / mean)
     passed = mean >= ref.min_mean
-    word = ("pass, normalized" if factor > 1.0 else "pass") if passed else "fail"
+    if ref.kind == "smallest":
+        word = "pass" if passed else "missing RCP"
+        message = "RCP not found but slower convergence on smaller batch size" if passed else missing
+    else:
+        word = ("pass, normalized" if factor > 1.0 else "pass") if passed else "fail"
+        message = "RCP found" if ref.kind == "found" else "RCP Interpolation"
     return out | {
         "verdict": word,
+        "message": message,
         "factor": factor,
         "mean_samples": mean,
         "rcp": ref.kind,

@@ -24,7 +24,7 @@ from typing import Any
 from flux_cluster.report.discover import GroupSource
 from flux_cluster.report.evaluation import EvalResult
 from flux_cluster.report.harvest import RunResult, to_json
-from flux_cluster.report.rcp import has_rcps, verdict, verdict_text
+from flux_cluster.report.rcp import has_rcps, submission_mean, verdict, verdict_text
 from flux_cluster.training.flops import FLUX_SCHNELL, training_flops_per_sample
 
 MAX_DROPPED = 1
@@ -138,13 +138,7 @@ def olympic_samples(runs: list[RunResult], max_dropped: int = MAX_DROPPED) -> fl
     runs' batch sizes differ or one is missing."""
     if len({r.global_batch_size for r in runs}) != 1 or runs[0].global_batch_size is None:
         return None
-    per_run = [float(r.rcp_samples) if r.rcp_samples is not None else math.inf for r in runs]
-    if sum(math.isinf(v) for v in per_run) > max_dropped:
-        return None
-    per_run.sort()
-    if len(per_run) < 3:  # one dropped at each end, one left
-        return None
-    return float(statistics.fmean(per_run[1 : len(per_run) - 1]))
+    return submission_mean([r.rcp_samples for r in runs], max_dropped)
 
 
 def score_group(

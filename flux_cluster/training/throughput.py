@@ -182,17 +182,18 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     )
     generator = step_generator(info, job.seed)
     injected = os.environ.get(TEST_OOM_ENV)
-    times, waits = [], []
+    times, waits, queued_s = [], [], []
     for step in range(job.warmup_steps + job.steps):
         if injected and cfg.micro_batch_size >= int(injected):
             raise torch.OutOfMemoryError(f"injected by {TEST_OOM_ENV}={injected} (a test)")
-        begun = time.perf_counter()
+        begun, queued = time.perf_counter(), _queued_s()
         _, _, data_wait = train_step(trainer, batches, generator, plan, info)
         trainer.scheduler.step()
         if info.device.type == "cuda":  # a step's time includes its GPU work
             torch.cuda.synchronize(info.device)
         if step >= job.warmup_steps:
             times.append(time.perf_counter() - begun)
+            queued_s.append(_queued_s() - queued)
             waits.append(data_wait)
     # every rank's step times: the slowest rank sets the pace
     per_rank = torch.tensor(times, dtype=torch.float64, device=info.device)
@@ -202,6 +203,12 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
     peak = torch.tensor([memory["peak_memory_gb"]], dtype=torch.float64, device=info.device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     memory["peak_memory_gb"] = peak.item()
+    # the waits for a CPU (a shared machine's load): a rank another rank's queueing held up waited for it
+    # asleep, so the step lost between the most one rank queued and what all of them queued together
+    queued = torch.tensor(queued_s, dtype=torch.float64, device=info.device)
+    most, together = queued.clone(), queued.clone()
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    dist.all_reduce(together, op=dist.ReduceOp.SUM)
     wait = torch.tensor([float(np.mean(waits))], dtype=torch.float64, device=info.device)
     dist.all_reduce(wait, op=dist.ReduceOp.MAX)
     mean_s = float(step_s.mean())
@@ -217,6 +224,8 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
         "step_time_ms_p50": float(p50),
         "step_time_ms_p90": float(p90),
         "step_time_ms_p99": float(p99),
+        **_unqueued(step_s, most.cpu().numpy(), "unqueued"),
+        **_unqueued(step_s, together.cpu().numpy(), "unqueued_all"),
         "tflops_per_gpu": tflops,
         "mfu": tflops / job.system.peak_bf16_tflops if job.system.peak_bf16_tflops else None,
         "mfu_measured": tflops / facts.peak.tflops if facts.peak.tflops else None,
@@ -226,6 +235,21 @@ def _measure(job: ThroughputJob, info: DistInfo) -> dict[str, Any]:
         "flops_per_sample": facts.flops_per_sample,
         **memory,
     }
+
+
+def _unqueued(step_s: Any, queued: Any, name: str) -> dict[str, float]:
+    """p50 and p90 of the step times less the waits for a CPU."""
+    p50, p90 = np.percentile((step_s - queued) * 1000, [50, 90])
+    return {f"step_time_ms_p50_{name}": float(p50), f"step_time_ms_p90_{name}": float(p90)}
+
+
+def _queued_s() -> float:
+    """Seconds this thread has waited for a CPU (Linux schedstat's run-queue delay; 0 elsewhere): on a
+    shared machine the part of a step's time that other work's load added."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _memory(info: DistInfo) -> dict[str, Any]:

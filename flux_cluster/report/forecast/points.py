@@ -14,7 +14,13 @@ from flux_cluster.report.forecast.inputs import Measured
 from flux_cluster.report.forecast.model import (
     EFFICIENCY,
     EFFICIENCY_RANGE,
+    EXPOSED,
+    EXPOSED_RANGE,
+    FIXED_SHARE,
+    MEASURED_RANGE,
+    OVERLAP_CPU,
     DpShard,
+    End,
     Fabric,
     StepFit,
     Z,
@@ -47,18 +53,19 @@ class Setup:
     price: float | None
     """USD per GPU-hour: --price, else the system's price_per_gpu_hour (0: unknown)."""
 
-    @property
-    def per_gpu_batch(self) -> float:
-        """The system's configured global batch over its GPUs (the workload's reference batch if unset)."""
-        batch = self.system.train.global_batch_size or self.mlperf.global_batch_size
-        return batch / (self.system.nodes * self.system.gpus_per_node)
+    def per_gpu_batch(self, gpus: int) -> float:
+        """The per-GPU batch a run at ``gpus`` takes: the system's configured global batch over the GPUs it
+        is configured for; unset, a run at any node count takes the workload's reference batch."""
+        if self.system.train.global_batch_size:
+            return self.system.train.global_batch_size / (self.system.nodes * self.system.gpus_per_node)
+        return self.mlperf.global_batch_size / gpus
 
 
 def make_setup(
     system: SystemConfig,
     *,
     dp_shard: DpShard,
-    bandwidth: float | None,
+    bandwidth: tuple[float | None, float | None],
     ruleset: str,
     ruleset_from: str,
     price: float | None,
@@ -79,7 +86,8 @@ def make_setup(
         scale_up_gbps=link.scale_up_gbps,
         scale_up_domain=link.scale_up_domain or system.gpus_per_node,
         scale_out_gbps=link.scale_out_gbps,
-        measured_gbps=bandwidth,
+        measured_gbps=bandwidth[0],
+        measured_out_gbps=bandwidth[1],
     )
     return Setup(
         system=system,
@@ -92,7 +100,7 @@ def make_setup(
         ruleset_from=ruleset_from,
         mlperf=workload.mlperf,
         presets=tuple(sorted(workload.batch_presets)),
-        price=price if price is not None else (system.price_per_gpu_hour or None),
+        price=price if price is not None else (system.price_per_gpu_hour or None),  # a system's 0: unset
     )
 
 
@@ -161,50 +169,97 @@ class Forecast:
 
 
 class StepModel:
-    """The step-time fit over the inputs at the assumed bandwidth and at both ends of its range."""
+    """The step-time fit over the inputs at the model's point and at both ends of each uncertain input
+    (model.py: bandwidth, exposed share, the fixed part where one per-GPU batch leaves it unmeasured)."""
 
     def __init__(self, setup: Setup, measured: list[Measured]) -> None:
         self.setup = setup
         self.measured = measured
-        self.fits = {e: self._fit(e) for e in (EFFICIENCY, *EFFICIENCY_RANGE)}
+        gpu = setup.system.dist_backend != "gloo"
+        self.exposed = EXPOSED if gpu else OVERLAP_CPU
+        batches = {m.sample.per_gpu_batch for m in measured}
+        share = FIXED_SHARE / 2 if len(batches) < 2 else 0.0
+        self.fit = self._fit(0, self.exposed, share)
+        sources: dict[str, list[tuple[End, float, float]]] = {
+            "bandwidth": [(-1, self.exposed, share), (1, self.exposed, share)]
+        }
+        if gpu:
+            sources["overlap"] = [(0, e, share) for e in EXPOSED_RANGE]
+        if len(batches) < 2:
+            sources["fixed part"] = [(0, self.exposed, 0.0), (0, self.exposed, FIXED_SHARE)]
+        self.dropped: list[str] = []
+        self.variants: dict[str, list[tuple[End, StepFit]]] = {}
+        for name, ends in sources.items():
+            fits = []
+            for end, exposed, fixed in ends:
+                try:
+                    fits.append((end, self._fit(end, exposed, fixed)))
+                except FluxClusterError:  # that end contradicts the measured steps: it cannot be
+                    self.dropped.append(f"{name} at its {'slow' if end < 0 else 'other'} end")
+            self.variants[name] = fits
         spreads = [m.sample.spread for m in measured]
         self.noise = math.sqrt(statistics.fmean(s * s for s in spreads))
         ratios = [m.convergence_ratio for m in measured if m.convergence_ratio is not None]
         self.convergence_ratio = statistics.fmean(ratios) if ratios else 1.0
         self.ratio_batches = [m.global_batch for m in measured if m.convergence_ratio is not None]
         timed = [(m.sample.gpus, m.eval_s) for m in measured if m.eval_s]
-        point = self.fits[EFFICIENCY]
         if timed:
             self.eval_fixed, self.eval_per_sample = eval_fit(timed, setup.mlperf.eval_samples)
-            self.eval_from = "measured eval_start..eval_stop"
-        else:  # a forward pass: a third of a training step's work per sample (flops.py's factor 3)
-            self.eval_fixed, self.eval_per_sample = 0.0, point.per_sample_s / 3
-            self.eval_from = "a third of a training sample's time (forward only; nothing measured)"
+            self.eval_from = "measured eval_start..eval_stop" + (
+                "" if self.eval_fixed else " at one GPU count: taken as all per-sample, no fixed part"
+            )
+        else:  # a forward pass: a third of a training sample's work, a quarter where the backward recomputes
+            passes = 3 if setup.system.train.activation_checkpointing == "none" else 4
+            self.eval_fixed, self.eval_per_sample = 0.0, self.fit.per_sample_s / passes
+            self.eval_from = (
+                f"1/{passes} of a training sample's time (forward only"
+                + ("" if passes == 3 else "; training recomputes the forward: activation checkpointing")
+                + "; nothing measured)"
+            )
 
-    def comm(self, gpus: int, efficiency: float = EFFICIENCY) -> float:
+    def comm(self, gpus: int, end: End = 0, gathers: int = 1) -> float:
         s = self.setup
-        return comm_seconds(s.params, s.param_bytes, gpus, s.fabric, s.dp_shard, efficiency).seconds
+        return comm_seconds(s.params, s.param_bytes, gpus, s.fabric, s.dp_shard, end, gathers).seconds
 
-    def _fit(self, efficiency: float) -> StepFit:
+    def _fit(self, end: End, exposed: float, fixed_share: float) -> StepFit:
         samples = [m.sample for m in self.measured]
-        return fit_steps(samples, [self.comm(x.gpus, efficiency) for x in samples])
+        comm = [self.comm(x.gpus, end, x.gathers) for x in samples]
+        return fit_steps(samples, comm, exposed, fixed_share)
 
-    def step(self, per_gpu: float, gpus: int, efficiency: float = EFFICIENCY) -> float:
-        fit = self.fits[efficiency]
-        return fit.fixed_s + fit.per_sample_s * per_gpu + self.comm(gpus, efficiency)
+    def band(self, per_gpu: float, gpus: int, gathers: int) -> tuple[float, float, float]:
+        """(step, relative slower, relative faster): each source's ends, two standard deviations, in
+        quadrature with the prediction error of the measured noise."""
+        step = self.fit.step(per_gpu, self.comm(gpus, 0, gathers))
+        ups, downs = [], []
+        for fits in self.variants.values():
+            ends = [fit.step(per_gpu, self.comm(gpus, end, gathers)) for end, fit in fits] or [step]
+            ups.append(max(0.0, max(ends) / step - 1))
+            downs.append(max(0.0, step / min(ends) - 1))
+        noise = Z * self.fit.prediction_error(per_gpu, self.noise)
+        return step, quadrature(noise, *ups), quadrature(noise, *downs)
 
     def eval_seconds(self, gpus: int) -> float:
         return self.eval_fixed + self.eval_per_sample * self.setup.mlperf.eval_samples / gpus
 
+    def gathers(self, per_gpu: float) -> int:
+        """Micro-batches a step at this per-GPU batch on the system (train.micro_batch_size; 'auto': one)."""
+        micro = self.setup.system.train.micro_batch_size
+        return math.ceil(per_gpu / micro) if isinstance(micro, int) else 1
+
     def describe(self) -> dict[str, Any]:
-        fit = self.fits[EFFICIENCY]
+        fit = self.fit
         return {
             "fixed_s": fit.fixed_s,
+            "fixed_measured": fit.measured_fixed,
             "per_sample_s": fit.per_sample_s,
+            "exposed": fit.exposed,
+            "exposed_range": list(EXPOSED_RANGE) if self.exposed != OVERLAP_CPU else [OVERLAP_CPU] * 2,
             "residual": fit.residual,
             "measured_per_gpu_batches": list(fit.batches),
             "efficiency": EFFICIENCY,
             "efficiency_range": list(EFFICIENCY_RANGE),
+            "measured_gbps": [self.setup.fabric.measured_gbps, self.setup.fabric.measured_out_gbps],
+            "measured_range": list(MEASURED_RANGE),
             "parameters": self.setup.params,
             "param_bytes": self.setup.param_bytes,
             "dp_shard": self.setup.dp_shard,
@@ -212,22 +267,20 @@ class StepModel:
             "eval_fixed_s": self.eval_fixed,
             "eval_per_sample_s": self.eval_per_sample,
             "eval_from": self.eval_from,
+            "band_ends_dropped": self.dropped,
         }
 
-    def row(self, gpus: int, batch: int, batch_from: str = "given") -> Row:
+    def row(self, gpus: int, batch: int, batch_from: str = "given", gathers: int | None = None) -> Row:
+        """The forecast at gpus and batch; ``gathers``: micro-batches a step (None: the system's)."""
         setup = self.setup
         if batch % gpus:
             raise FluxClusterError(f"global batch {batch} does not split over {gpus} GPUs (a multiple of it)")
         per_gpu = batch / gpus
-        step = self.step(per_gpu, gpus)
-        ends = [self.step(per_gpu, gpus, e) for e in EFFICIENCY_RANGE]
-        fit = self.fits[EFFICIENCY]
-        lo, hi = fit.batches
-        outside = lo / per_gpu - 1 if per_gpu < lo else (per_gpu / hi - 1 if per_gpu > hi else 0.0)
-        noise = Z * quadrature(self.noise, fit.residual * (1 + outside))
-        # relative half-widths: times run from t / (1 + faster) to t * (1 + slower), never below 0
-        slower = quadrature(max(ends) / step - 1, noise)
-        faster = quadrature(step / min(ends) - 1, noise)
+        gathers = gathers or self.gathers(per_gpu)
+        step, slower, faster = self.band(per_gpu, gpus, gathers)
+        fit = self.fit
+        lo, hi = fit.batches[0], fit.batches[-1]
+        outside = per_gpu < lo or per_gpu > hi or (not fit.measured_fixed and per_gpu != lo)
 
         ref = reference(setup.ruleset, batch)
         doublings = min((abs(math.log2(batch / b)) for b in self.ratio_batches), default=0.0)
@@ -238,10 +291,12 @@ class StepModel:
         up = quadrature(high_s / samples - 1, slower)
         down = quadrature(samples / low_s - 1, faster)
         gpu_hours = minutes * gpus / 60
-        comm = comm_seconds(setup.params, setup.param_bytes, gpus, setup.fabric, setup.dp_shard)
+        comm = comm_seconds(setup.params, setup.param_bytes, gpus, setup.fabric, setup.dp_shard, 0, gathers)
         basis = [
-            f"step {step:.3g} s = fixed {fit.fixed_s:.3g} s + {fit.per_sample_s * 1e3:.3g} ms x {per_gpu:g} "
-            f"per GPU + comm {comm.seconds:.3g} s ({comm.text})",
+            f"step {step:.3g} s = fixed {fit.fixed_s:.3g} s{'' if fit.measured_fixed else ' (not measured)'}"
+            f" + the longer of compute {fit.per_sample_s * 1e3:.3g} ms x {per_gpu:g} per GPU and comm "
+            f"{comm.seconds:.3g} s ({comm.text}; sharding {shard_text(setup.dp_shard)}) + {fit.exposed:g} of "
+            "the shorter",
             f"samples: RCP {setup.ruleset} {ref.kind} at {batch}: {ref.mean:,.0f} (sd {ref.stdev:,.0f})"
             + (
                 f" x {self.convergence_ratio:.3f} (the inputs' convergence vs their RCP, measured "
@@ -252,7 +307,13 @@ class StepModel:
             f"{evals} evals x {eval_s:.3g} s ({self.eval_from})",
         ]
         if outside:
-            basis.append(f"extrapolated: {per_gpu:g} per GPU, measured {lo:g}..{hi:g}")
+            basis.append(
+                f"extrapolated: {per_gpu:g} per GPU, measured {lo:g}"
+                + (f"..{hi:g}" if hi > lo else "")
+                + ("" if fit.measured_fixed else " (one per-GPU batch: the fixed part assumed, band widened)")
+            )
+        if self.dropped:
+            basis.append("band ends the measured steps rule out: " + ", ".join(self.dropped))
         return Row(
             gpus=gpus,
             nodes=math.ceil(gpus / setup.system.gpus_per_node),
@@ -268,23 +329,29 @@ class StepModel:
             minutes_low=minutes / (1 + down),
             minutes_high=minutes * (1 + up),
             gpu_hours=gpu_hours,
-            usd=gpu_hours * setup.price if setup.price else None,
+            usd=gpu_hours * setup.price if setup.price is not None else None,
             basis="; ".join(basis),
-            extrapolated=bool(outside),
+            extrapolated=outside,
             batch_from=batch_from,
         )
 
 
+def shard_text(dp_shard: DpShard) -> str:
+    if dp_shard == "world":
+        return "FSDP over every GPU"
+    return f"HSDP, shard groups of {dp_shard}" if dp_shard else "HSDP, a node per shard group"
+
+
 def default_batch(setup: Setup, gpus: int) -> int:
     """The largest batch preset (the workload's) that splits evenly over the GPUs and is at most the
-    system's per-GPU batch times the GPUs; none that large: the smallest that splits."""
+    per-GPU batch a run there takes (Setup.per_gpu_batch) times the GPUs; none: the smallest that splits."""
     fits = [b for b in setup.presets if b % gpus == 0]
     if not fits:
         raise FluxClusterError(
             f"{gpus} GPUs: no batch preset ({', '.join(map(str, setup.presets))}) splits evenly over them; "
             f"give {gpus}:BATCH"
         )
-    within = [b for b in fits if b <= setup.per_gpu_batch * gpus]
+    within = [b for b in fits if b <= setup.per_gpu_batch(gpus) * gpus]
     return max(within) if within else min(fits)
 
 
@@ -305,7 +372,7 @@ def forecast_rows(
             raise FluxClusterError(
                 f"{target.path}: no olympic score (too few scored runs): nothing to compare"
             )
-        row = model.row(target.sample.gpus, target.global_batch, "target")
+        row = model.row(target.sample.gpus, target.global_batch, "target", target.sample.gathers)
         row.target, row.actual_minutes = target.path, target.score_minutes
         row.error = row.minutes / target.score_minutes - 1
         row.inside = row.minutes_low <= target.score_minutes <= row.minutes_high
@@ -357,7 +424,9 @@ def _input(m: Measured) -> dict[str, Any]:
 
 
 def cheapest_within(rows: list[Row], deadline: float) -> dict[str, Any]:
-    """The cheapest row (USD, else GPU-hours) whose band ends within the deadline."""
+    """The cheapest forecast row (USD, else GPU-hours; never a --target's) whose band ends within the
+    deadline."""
+    rows = [r for r in rows if r.target is None]  # a --target row is a check, not a choice
     on_time = [r for r in rows if r.minutes_high <= deadline]
     out: dict[str, Any] = {"minutes": deadline, "gpus": None, "global_batch_size": None}
     if not on_time:

@@ -30,7 +30,7 @@ COLUMNS = [
     Column("minutes", lambda r: r.minutes, "{:,.1f}"),
     Column("band", _band("minutes_low", "minutes_high", "{:,.1f}..{:,.1f}")),
     Column("GPU-hours", lambda r: r.gpu_hours, "{:,.1f}"),
-    Column("USD", lambda r: r.usd, "{:,.0f}"),
+    Column("USD", lambda r: r.usd, "{:,.2f}"),
     Column("official", lambda r: r.actual_minutes, "{:,.2f}"),
     Column("error", lambda r: r.error, "{:+.1%}"),
     Column("in band", lambda r: None if r.inside is None else ("yes" if r.inside else "NO")),
@@ -53,14 +53,33 @@ def _shown(forecast: Forecast) -> list[Column]:
 def _lines(forecast: Forecast) -> list[str]:
     """What the rows rest on, and the deadline's answer, as plain lines."""
     model = forecast.model
+    source = (
+        "assumed: the logs do not say; give --ruleset"
+        if forecast.ruleset_from == "assumed"
+        else f"from {forecast.ruleset_from}"
+    )
+    measured = [
+        f"{g:g} GB/s {where}"
+        for g, where in zip(model["measured_gbps"], ("within", "across"), strict=True)
+        if g
+    ]
+    links = (
+        f"measured bus bandwidth {', '.join(measured)} a scale-up domain (band {model['measured_range'][0]:g}"
+        f"..{model['measured_range'][1]:g} of it)"
+        if measured
+        else f"bandwidth {model['efficiency']:g} of the datasheet (band {model['efficiency_range'][0]:g}.."
+        f"{model['efficiency_range'][1]:g})"
+    )
+    fixed = "" if model["fixed_measured"] else " (one per-GPU batch: not measured, assumed)"
     lines = [
-        f"system {forecast.system}; ruleset {forecast.ruleset} (from {forecast.ruleset_from}); "
+        f"system {forecast.system}; ruleset {forecast.ruleset} ({source}); "
         f"{len(forecast.inputs)} input(s): "
         + ", ".join(sorted({f"{i['kind']} {i['path']}" for i in forecast.inputs})),
-        f"step = {model['fixed_s']:.3g} s + {model['per_sample_s'] * 1e3:.3g} ms per sample per GPU + "
-        f"communication ({model['parameters']:,} parameters, {model['param_bytes']} bytes each, bandwidth "
-        f"{model['efficiency']:g} of the datasheet, band {model['efficiency_range'][0]:g}..."
-        f"{model['efficiency_range'][1]:g}); fit residual {model['residual']:.1%}",
+        f"step = {model['fixed_s']:.3g} s{fixed} + the longer of {model['per_sample_s'] * 1e3:.3g} ms per "
+        f"sample per GPU and communication + {model['exposed']:g} of the shorter (band "
+        f"{model['exposed_range'][0]:g}..{model['exposed_range'][1]:g}); communication: "
+        f"{model['parameters']:,} parameters, {model['param_bytes']} bytes each, {links}; fit residual "
+        f"{model['residual']:.1%}",
     ]
     for row in forecast.rows:
         name = f"target {row.target}" if row.target else f"{row.gpus} GPUs"
@@ -74,7 +93,7 @@ def deadline_text(deadline: dict[str, Any]) -> str:
     if deadline.get("gpus") is None:
         return f"deadline {deadline['minutes']:g} minutes: {deadline['why']}"
     cost = (
-        f"${deadline['usd']:,.0f}"
+        f"${deadline['usd']:,.2f}"
         if deadline.get("usd") is not None
         else f"{deadline['gpu_hours']:,.1f} GPU-hours"
     )

@@ -8,6 +8,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from flux_cluster.config import load_system
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.report.forecast.model import (
     EFFICIENCY,
+    EXPOSED,
+    FIXED_SHARE,
     Fabric,
     Sample,
     comm_seconds,
@@ -28,7 +32,7 @@ from flux_cluster.report.forecast.model import (
     fit_steps,
     olympic_sd,
 )
-from flux_cluster.report.forecast.points import default_batch, make_setup
+from flux_cluster.report.forecast.points import Setup, default_batch, make_setup
 from flux_cluster.report.rcp import reference
 from flux_cluster.sweepdir import Point, SweepState
 
@@ -74,6 +78,16 @@ def test_communication_counts_the_sharded_collectives_over_the_links_they_cross(
     flat = comm_seconds(P, 2, 16, fabric(), "world")
     assert flat.seconds == pytest.approx(8 * P * 15 / 16 / (400e9 * 0.8))
     assert comm_seconds(P, 2, 1, fabric(), None).seconds == 0.0
+    # gradient accumulation: every micro-batch gathers the parameters again, the gradients reduce once
+    again = comm_seconds(P, 2, 8, fabric(), None, gathers=3)
+    assert again.bytes == pytest.approx((2 * 2 * 3 + 4) * P * 7 / 8) and "3 micro-batches" in again.text
+    # --inter-bandwidth: a measured bus bandwidth across nodes; --bandwidth the NVLink one, each for its links
+    assert comm_seconds(P, 2, 16, fabric(measured_out_gbps=200.0), "world").seconds == pytest.approx(
+        8 * P * 15 / 16 / 200e9
+    )
+    assert comm_seconds(P, 2, 8, fabric(measured_out_gbps=200.0), "world").seconds == pytest.approx(
+        8 * P * 7 / 8 / 720e9
+    )  # within a node the datasheet NVLink still counts
     assert comm_seconds(P, 2, 16, fabric(measured_gbps=100.0), "world").seconds == pytest.approx(
         8 * P * 15 / 16 / 100e9
     )  # a measured bus bandwidth is taken as measured
@@ -81,38 +95,47 @@ def test_communication_counts_the_sharded_collectives_over_the_links_they_cross(
         comm_seconds(P, 2, 16, fabric(scale_out_gbps=None), None)
 
 
-def test_the_step_fit_recovers_a_fixed_and_a_per_sample_part() -> None:
-    comm = [0.05, 0.05, 0.05]
-    steps = [Sample(m, 8, 0.02 + 0.003 * m + 0.05, 0.0) for m in (2, 8, 32)]
-    fit = fit_steps(steps, comm)
-    assert (fit.fixed_s, fit.per_sample_s, fit.batches) == (
-        pytest.approx(0.02),
-        pytest.approx(0.003),
-        (2, 32),
-    )
-    one = fit_steps([Sample(32, 8, 0.5, 0.0)], [0.1])  # one batch size: what does not shrink is comm alone
-    assert (one.fixed_s, one.per_sample_s) == (0.0, pytest.approx(0.4 / 32))
+def test_the_step_fit_recovers_the_overlapped_model_in_both_regimes() -> None:
+    # t = a + max(b m, c) + e min(b m, c): 2 and 8 per GPU are communication-bound, 32 compute-bound
+    a, b, e, c = 0.02, 0.003, EXPOSED, 0.05
+    steps = [Sample(m, 8, a + max(b * m, c) + e * min(b * m, c), 0.0) for m in (2, 8, 32)]
+    fit = fit_steps(steps, [c] * 3, e)
+    assert (fit.fixed_s, fit.per_sample_s, fit.batches) == (pytest.approx(a), pytest.approx(b), (2, 8, 32))
+    assert fit.residual == pytest.approx(0.0, abs=1e-12) and fit.measured_fixed
+    assert fit.step(4, 0.2) == pytest.approx(a + 0.2 + e * 4 * b)  # the compute hides under comm but e of it
+    # an exact fit still has a band that grows away from the measured batches: the inputs' noise
+    assert 0 < fit.prediction_error(16, 0.02) < fit.prediction_error(128, 0.02)
+    # one batch: the fixed part is assumed (a share of the measured compute), the step there is kept
+    one = [Sample(32, 8, 0.5, 0.0)]
+    none, some = fit_steps(one, [0.1], e, 0.0), fit_steps(one, [0.1], e, FIXED_SHARE)
+    assert none.fixed_s == 0.0 and some.fixed_s > 0 and not some.measured_fixed
+    assert none.step(32, 0.1) == pytest.approx(0.5) and some.step(32, 0.1) == pytest.approx(0.5)
+    assert some.step(4, 0.0) > none.step(4, 0.0)  # what the assumption moves: the smaller batches
     with pytest.raises(FluxClusterError, match="do not grow with the per-GPU batch"):
         fit_steps([Sample(32, 8, 0.5, 0.0)], [0.6])
+
+
+def _setup(system: str) -> Setup:
+    config = load_system(system).config
+    return make_setup(
+        config, dp_shard=None, bandwidth=(None, None), ruleset="5.1.0", ruleset_from="--ruleset", price=None
+    )
 
 
 def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> None:
     assert 0.3 < olympic_sd(10) < 0.4  # the olympic mean of 10 runs varies about a third of one run's sd
     assert evaluations(10_733_340, 2048, 262_144) == math.ceil(10_733_340 / 262_144)
     assert evaluations(1_000_000, 2304, 262_144) == math.ceil(1_000_000 / (114 * 2304))
-    setup = make_setup(
-        load_system("gb200_nvl72").config,
-        dp_shard=None,
-        bandwidth=None,
-        ruleset="5.1.0",
-        ruleset_from="--ruleset",
-        price=None,
-    )
+    setup = _setup("gb200_nvl72")
     assert setup.params == P and setup.price == 6.49
     assert default_batch(setup, 72) == 2304  # the system's own batch
     assert default_batch(setup, 512) == 4096  # the largest preset within 32 per GPU that splits
     with pytest.raises(FluxClusterError, match="no batch preset"):
         default_batch(setup, 100)
+    # a system without a global batch (dgx_b200x8, nodes: 1): a run at 64 GPUs takes the reference's 512,
+    # not 64 per GPU as if the one configured node's share held at every scale
+    b200 = _setup("dgx_b200x8")
+    assert default_batch(b200, 64) == 512 and default_batch(b200, 16) == 512
 
 
 def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, scaling: Path) -> None:
@@ -126,9 +149,12 @@ def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, sc
     (row,) = result.rows
     assert (row.gpus, row.global_batch_size, row.per_gpu_batch) == (512, 2048, 4)
     assert row.actual_minutes == pytest.approx(17.91264166666667)  # the official score
-    assert abs(row.error or 1) < 0.10 and row.inside
-    assert row.minutes_high / row.minutes - 1 <= 0.30 and 1 - row.minutes_low / row.minutes <= 0.30
-    assert row.extrapolated and "extrapolated: 4 per GPU, measured 32..32" in row.basis
+    # the official score inside the band; the point 21% fast (docs/benchmarks.md: NeMo ran it with tensor
+    # parallelism 4, not this FSDP; communication-bound, the forecast is as good as the bandwidth known)
+    assert row.inside and -0.25 < (row.error or 1) < 0
+    assert row.minutes_high / row.minutes - 1 < 0.35 and 1 - row.minutes_low / row.minutes < 0.35
+    assert row.extrapolated and "extrapolated: 4 per GPU, measured 32 (one per-GPU batch" in row.basis
+    assert "fixed part assumed" in row.basis and not result.model["fixed_measured"]
     # the 4-per-GPU step is mostly what does not shrink: the modelled communication
     step = float(re.search(r"step ([\d.]+) s", row.basis).group(1))  # type: ignore[union-attr]
     comm = float(re.search(r"comm ([\d.]+) s", row.basis).group(1))  # type: ignore[union-attr]
@@ -232,3 +258,95 @@ def test_bad_input_is_one_line(sample: Path, tmp_path: Path) -> None:
     assert "trained model 'tiny'" in error(
         "--from", str(_sweep(tmp_path / "t", [2, 4])), "--system", "gb200_nvl72", "--gpus", "8"
     )
+
+
+def test_a_band_end_the_measured_steps_rule_out_is_dropped_not_the_forecast(sample: Path) -> None:
+    # a measured NVLink bus bandwidth at which the modelled communication is 90% of the measured step: the
+    # slow end of the measured range (0.8 of it) would need more than the step; the forecast stands
+    plain = api.forecast([sample / GROUP], system="gb200_nvl72", gpus=[16], ruleset="5.1.0", dp_shard="world")
+    step = plain.inputs[0]["step_s"]
+    gbps = 8 * P * 15 / 16 / (0.9 * step) / 1e9
+    result = api.forecast(
+        [sample / GROUP],
+        system="gb200_nvl72",
+        gpus=[(16, 512)],
+        ruleset="5.1.0",
+        dp_shard="world",
+        bandwidth=gbps,
+    )
+    (row,) = result.rows
+    assert result.model["band_ends_dropped"] == ["bandwidth at its slow end"]
+    assert "band ends the measured steps rule out: bandwidth at its slow end" in row.basis
+    assert row.samples_per_s == pytest.approx(512 / step, rel=0.01)  # the measured point given back
+
+
+def test_one_per_gpu_batch_widens_the_band_away_from_it_and_noise_widens_an_exact_fit(
+    sample: Path, tmp_path: Path
+) -> None:
+    result = api.forecast(
+        [sample / GROUP], system="gb200_nvl72", gpus=[(16, 512), (16, 128)], ruleset="5.1.0"
+    )
+    at, below = result.rows
+    assert not at.extrapolated and below.extrapolated and "fixed part assumed" in below.basis
+    width = [r.samples_per_s_high / r.samples_per_s_low for r in (at, below)]
+    assert width[1] > width[0]
+    # two batches fitted exactly (residual 0), steps spread 10% p90 over p50: the band still grows away
+    sweep = _sweep(tmp_path / "mbs", [2, 4, 8, 16])
+    rows = api.forecast([sweep], system="local", gpus=[(1, 8), (1, 64)]).rows
+    assert rows[1].extrapolated and not rows[0].extrapolated
+    near, far = (r.samples_per_s_high / r.samples_per_s_low for r in rows)
+    assert 1 < near < far
+
+
+def test_accumulation_regathers_and_the_evaluation_assumption(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path / "mbs", [2, 4, 8, 16])
+    (row,) = api.forecast([sweep], system="local", gpus=[(2, 32)]).rows  # 16 a GPU, micro-batch 8
+    assert "gathered for 2 micro-batches" in row.basis and "1/3 of a training sample" in row.basis
+    (recomputed,) = api.forecast(
+        [sweep], system="local", gpus=[(2, 16)], overrides=["train.activation_checkpointing=full"]
+    ).rows
+    assert "1/4 of a training sample" in recomputed.basis and "recomputes the forward" in recomputed.basis
+
+
+def test_small_cli_edges(sample: Path, tmp_path: Path) -> None:
+    cli = CliRunner()
+    base = ["forecast", "--from", str(sample / GROUP), "--system", "gb200_nvl72"]
+    zero = cli.invoke(app, [*base, "--gpus", "0"])
+    assert zero.exit_code == 2 and zero.output.strip().count("\n") == 0, zero.output
+    assert "--gpus 0: expected GPUs >= 1" in zero.output and "None" not in zero.output
+    free = cli.invoke(app, [*base, "--ruleset", "5.1.0", "--gpus", "16", "--price", "0", "-f", "json"])
+    assert json.loads(free.stdout)["rows"][0]["usd"] == 0.0
+    table = cli.invoke(app, [*base, "--ruleset", "5.1.0", "--gpus", "16", "--price", "0"]).stdout
+    assert " 0.00 " in table
+    assumed = cli.invoke(app, [*base, "--gpus", "16"]).stdout  # the sample's logs do not name a ruleset
+    assert "(assumed: the logs do not say; give --ruleset)" in assumed and "from assumed" not in assumed
+    # --deadline picks among the forecasts, never a --target row (a check, not a choice)
+    result = api.forecast(
+        [sample / GROUP],
+        system="gb200_nvl72",
+        gpus=[72],
+        targets=[sample / GROUP],
+        ruleset="5.1.0",
+        deadline=1e6,
+    )
+    assert result.deadline is not None and result.deadline["gpus"] == 72  # the target's 16 GPUs cost less
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "forecast_validation.py"
+    shown = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, check=False
+    )
+    assert shown.returncode == 0 and "usage: forecast_validation.py" in shown.stdout, shown.stderr
+
+
+def test_forecast_takes_the_format_names_report_takes(sample: Path) -> None:
+    cli = CliRunner()
+    source = ["--from", str(sample / GROUP), "--system", "gb200_nvl72", "--ruleset", "5.1.0", "--gpus", "16"]
+    for name in ("table", "json", "csv", "md", "html"):
+        assert cli.invoke(app, ["forecast", *source, "-f", name]).exit_code == 0, name
+        assert cli.invoke(app, ["report", str(sample), "--no-check", "-f", name]).exit_code == 0, name
+    forecast = cli.invoke(app, ["forecast", *source, "-f", "markdown"])
+    report = cli.invoke(app, ["report", str(sample), "--no-check", "-f", "markdown"])
+    assert forecast.exit_code == report.exit_code == 2
+    names = [
+        re.search(r"is not one of (.*?)\. \(see", " ".join(r.output.split())) for r in (forecast, report)
+    ]
+    assert names[0] and names[1] and names[0][1] == names[1][1] == "'table', 'json', 'csv', 'md', 'html'"

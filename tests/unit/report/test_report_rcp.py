@@ -4,6 +4,7 @@
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,43 @@ def test_verdicts_follow_the_checkers_statistics() -> None:
     assert between.kind == "interpolated"
     assert between.mean == pytest.approx(low.mean + (high.mean - low.mean) * 256 / 2048)
     assert reference("6.0.0", 1024).kind == "interpolated"  # 6.0.0's 1024 point is pruned
+
+
+def _edited(sample: Path, root: Path, batch: int, samples_times: float = 1.0) -> Path:
+    """The sample's ten runs at another global batch, every samples_count scaled."""
+    group = _submission(sample, root, runs=10)
+    for log in group.glob("result_*.txt"):
+        text = log.read_text().replace(
+            '"key": "global_batch_size", "value": 512', f'"key": "global_batch_size", "value": {batch}'
+        )
+        text = re.sub(
+            r'"samples_count": (\d+)', lambda m: f'"samples_count": {int(int(m[1]) * samples_times)}', text
+        )
+        log.write_text(text)
+    return group
+
+
+@pytest.mark.parametrize(
+    ("batch", "times", "word"),
+    [
+        (512, 1.0, "pass"),  # its RCP found
+        (2304, 1.0, "fail"),  # interpolated, far faster than it
+        (256, 1.0, "pass"),  # below the smallest RCP, slower than it: the checker passes it
+        (256, 0.5, "missing RCP"),  # below the smallest and faster: the checker asks for an RCP
+        (8192, 1.0, "missing RCP"),  # above every RCP
+    ],
+)
+def test_the_verdict_is_what_check_directory_says_of_the_same_folder(
+    sample: Path, tmp_path: Path, batch: int, times: float, word: str
+) -> None:
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    folder = _edited(sample, tmp_path / "runs", batch, times)
+    (group,) = build([tmp_path / "runs"], Options(check=False, ruleset="5.1.0"))
+    assert group.rcp is not None
+    passed, message, factor = rcp_checker.check_directory(
+        str(folder), "training", "5.1.0", False, False, rcp_pass="pruned_rcps"
+    )
+    assert (group.rcp["verdict"], group.rcp["message"]) == (word, message)
+    assert passed == (word not in ("fail", "missing RCP"))
+    assert group.rcp.get("factor", 1.0) == pytest.approx(factor)
