@@ -392,7 +392,8 @@ _MD_ENTITIES = str.maketrans({c: f"&#{ord(c)};" for c in "\\`|[]*"})
 
 
 def _md(text: Any) -> str:
-    return html.escape(printable(str(text))).translate(_MD_ENTITIES)
+    # an apostrophe stays readable (no tag can open: < is escaped); a double quote is still spelled out
+    return html.escape(printable(str(text)), quote=False).replace('"', "&quot;").translate(_MD_ENTITIES)
 
 
 def _md_table(columns: list[Column], rows: list[Any]) -> list[str]:
