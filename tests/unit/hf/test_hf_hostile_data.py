@@ -219,6 +219,18 @@ def test_an_image_past_40_megapixels_is_one_line_from_its_header(tmp_path: Path)
     assert time.process_time() - start < 2  # refused from the header: 147 MB never decoded
 
 
+@pytest.mark.filterwarnings("error")
+def test_an_image_past_pils_warning_limit_is_the_same_one_line_with_no_warning(tmp_path: Path) -> None:
+    """Past PIL's 89 MP its DecompressionBombWarning printed two lines of its own before ours: the pixel
+    cap is ours, said once."""
+    big = tmp_path / "big.png"
+    _png_header(big, 13000, 13000)
+    _one_line(
+        lambda: LazyImages([big], _processor(), tmp_path),
+        f"^hf.data: {big}: 13000x13000 pixels, over the 40,000,000 an image may have here",
+    )
+
+
 def test_a_fifo_in_an_imagefolder_is_refused_not_opened(tmp_path: Path, within: Callable) -> None:
     from PIL import Image
 
