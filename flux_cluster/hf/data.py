@@ -10,6 +10,7 @@ FluxClusterError line naming the path and what was expected.
 import contextlib
 import io
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,7 +238,9 @@ def _open_image(value: Any, where: Path, index: int) -> Any:
             source = (
                 io.BytesIO(data) if data else stack.enter_context(open_regular(Path(str(path)).resolve()))
             )
-            image = stack.enter_context(Image.open(source))
+            with warnings.catch_warnings():  # PIL's 89 MP warning: the cap below is ours, said once
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = stack.enter_context(Image.open(source))
             if image.width * image.height > MAX_DECODE_PIXELS:
                 raise SampleError(
                     f"hf.data: {shown}: {image.width}x{image.height} pixels, over the {MAX_DECODE_PIXELS:,} "

@@ -13,7 +13,7 @@ naming the file and the key.
 import math
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,9 @@ class ModelFolder:
     config: dict[str, Any]
     weights: dict[str, list[int]]
     """Tensor name: shape, over every safetensors file of the weights."""
+    integer: dict[str, str] = field(default_factory=dict)
+    """Tensor name: dtype, of the tensors stored as integers or booleans (a model's buffers, such as
+    position_ids, may be; a weight may not)."""
 
     @property
     def stored_parameters(self) -> int:
@@ -83,7 +86,7 @@ def check_model_folder(path: Path) -> ModelFolder:
     _check_sizes(path / CONFIG, config)
     if isinstance(documents["preprocessor_config.json"], dict):
         _check_sizes(path / "preprocessor_config.json", documents["preprocessor_config.json"])
-    return ModelFolder(path, config, _weights(path))
+    return ModelFolder(path, config, *_weights(path))
 
 
 def read_model_config(path: Path) -> dict[str, Any]:
@@ -202,8 +205,9 @@ def _pixels(value: Any) -> int | float | None:
     return None
 
 
-def _weights(path: Path) -> dict[str, list[int]]:
-    """The tensors of the folder's safetensors weights, every header checked before transformers reads it."""
+def _weights(path: Path) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The tensors of the folder's safetensors weights (name: shape) and those stored as integers (name:
+    dtype), every header checked before transformers reads it."""
     if (path / WEIGHTS).exists():
         files = [path / WEIGHTS]
     elif (path / WEIGHTS_INDEX).exists():
@@ -218,14 +222,19 @@ def _weights(path: Path) -> dict[str, list[int]]:
             "them (pickled pytorch_model.bin weights are not read)",
         )
     tensors: dict[str, list[int]] = {}
+    integer: dict[str, str] = {}
     for file in files:
         try:
-            tensors |= check_safetensors(file)
+            found = check_safetensors(file)
         except OutsideFileError as exc:
             raise FluxClusterError(f"hf.model: {printable(str(exc))}") from None
         except OSError as exc:
             raise _refuse(file, f"cannot be read ({exc.strerror or exc})") from None
-    return tensors
+        tensors |= {name: shape for name, (_, shape) in found.items()}
+        integer |= {
+            n: str(d).removeprefix("torch.") for n, (d, _) in found.items() if not d.is_floating_point
+        }
+    return tensors, integer
 
 
 def check_seq_len(path: Path, task: str, seq_len: int) -> None:
@@ -250,6 +259,7 @@ def check_fits_weights(folder: ModelFolder, auto: Any, config: Any) -> None:
 
     with torch.device("meta"):
         model = auto.from_config(config)
+    _check_float_weights(folder, [name for name, _ in model.named_parameters()])
     wanted = sum(p.numel() for p in model.parameters())
     stored = folder.stored_parameters
     if wanted > 2 * stored:
@@ -258,6 +268,18 @@ def check_fits_weights(folder: ModelFolder, auto: Any, config: Any) -> None:
             f"describes a {printable(str(config.model_type))} model of {wanted:,} weights, but its "
             f"safetensors files hold {stored:,}; expected the config.json saved with the weights",
         )
+
+
+def _check_float_weights(folder: ModelFolder, parameters: list[str]) -> None:
+    """No weight of the model stored as integers: transformers casts them to floats (bf16 bytes read as
+    int16 become values of thousands) and the run ends in 'validation loss nan', COMPLETED. A stored name
+    matches a parameter's with or without the base model's prefix (bert.encoder... / encoder...)."""
+    for name, dtype in folder.integer.items():
+        if any(name == p or name.endswith(f".{p}") or p.endswith(f".{name}") for p in parameters):
+            raise _refuse(
+                folder.path / (WEIGHTS if (folder.path / WEIGHTS).exists() else WEIGHTS_INDEX),
+                f"tensor '{printable(name[:100])}' is stored as {dtype}; expected floating-point weights",
+            )
 
 
 def check_loaded(folder: ModelFolder, model: Any, info: dict[str, Any]) -> None:

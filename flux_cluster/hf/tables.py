@@ -24,7 +24,8 @@ BATCH_ROWS = 65_536
 CHUNK_BYTES = 4 * MIB
 """JSON lines parsed at a time (whole lines: a chunk ends at a newline)."""
 LINE_LIMIT = 16 * MIB
-"""Longest JSON line read."""
+"""Longest JSON line read, and longest text cell of any format (a 28 KB Parquet file can hold a 300 MB
+cell, which the tokenizer would expand ~30 times before truncating it)."""
 MAX_JSON_DEPTH = 32
 """Levels of nesting a JSON line may have (pyarrow segfaults past ~100,000; a dataset needs 2 or 3)."""
 MAX_ROWS = 10_000_000
@@ -58,6 +59,7 @@ class RowSample:
     def add(self, table: pa.Table | pa.RecordBatch, where: Path) -> None:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
+        _check_cells(table, where)
         self.seen += table.num_rows
         self.kept += table.num_rows
         self.tables.append(table)
@@ -96,6 +98,24 @@ class RowSample:
                     "classes 0, 1, 2, ...)"
                 )
         return table.to_pydict()
+
+
+def _check_cells(table: pa.Table, where: Path) -> None:
+    """Every text cell at most LINE_LIMIT bytes, as JSON lines are (binary cells, images, are capped by
+    their pixels when decoded)."""
+    import pyarrow.compute as pc
+
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            continue
+        chunks = [c.dictionary if pa.types.is_dictionary(c.type) else c for c in column.chunks]
+        longest = max((pc.max(pc.binary_length(c)).as_py() or 0 for c in chunks), default=0)
+        if longest > LINE_LIMIT:
+            raise FluxClusterError(
+                f"hf.data: {_shown(where)}: a cell of {longest:,} bytes in column '{printable(name)}'; "
+                f"expected text of at most {LINE_LIMIT:,} bytes a row"
+            )
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

@@ -97,13 +97,13 @@ def _checked_header(
     return length, _header_entries(file, total - 8 - length, header)
 
 
-def check_safetensors(file: Path) -> dict[str, list[int]]:
-    """The tensors of a safetensors file we do not control (name: shape), once its header is checked as
-    read_safetensors checks it (OutsideFileError, one line naming the file, otherwise); no tensor is read.
-    For a file another library then loads (transformers): its own reader trusts less of the header."""
+def check_safetensors(file: Path) -> dict[str, tuple[torch.dtype, list[int]]]:
+    """The tensors of a safetensors file we do not control (name: dtype, shape), once its header is checked
+    as read_safetensors checks it (OutsideFileError, one line naming the file, otherwise); no tensor is
+    read. For a file another library then loads (transformers): its own reader trusts less of the header."""
     with open_regular(file.resolve()) as f:
         _, entries = _checked_header(f, file)
-    return {name: shape for name, _, shape, _, _ in entries}
+    return {name: (dtype, shape) for name, dtype, shape, _, _ in entries}
 
 
 def read_safetensors(

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -496,3 +497,19 @@ def test_encode_with_its_only_val_image_broken_skips_it_by_name_and_a_relative_c
     # the chunks went into the relative cache, linked where the source can reach them
     (source,) = (workdir / "cache").glob("*/sources/*")
     assert open_source(source, "train").total == 2 and open_source(source, "val").total == 1
+
+
+def test_a_damaged_pretrained_folder_is_one_line_from_rank_0_not_one_per_rank(
+    cli: CliRunner, workdir: Path, encoded: dict[str, Path], tiny_pipeline: Path
+) -> None:
+    """Every rank reads the same folder and meets the same fault: its line is said once (rank 0's), as the
+    hf workload says it, not once per rank."""
+    pipeline = workdir / "flux-wide"
+    shutil.copytree(tiny_pipeline, pipeline)
+    config = pipeline / "transformer" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"num_layers": 1_000_000}))
+    sets = finetune_sets("finetune", encoded, pipeline)
+    result = cli.invoke(app, ["submit", "--system", "local", *(x for s in sets for x in ("--set", s))])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    line = f"error: {config}: num_layers 1000000: expected a whole number from 0 to 1,024 (FLUX.1: 19)"
+    assert result.output.count(line) == 1, result.output[-3000:]

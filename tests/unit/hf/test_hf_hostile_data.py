@@ -97,6 +97,31 @@ def test_without_max_samples_a_table_past_the_row_limit_is_one_line(
     assert len(read_splits(path, HfConfig(max_samples=100))[0]["text"]) == 100
 
 
+@pytest.mark.parametrize("dictionary", [False, True])
+def test_a_text_cell_past_the_line_limit_is_one_line_before_tokenizing(
+    tmp_path: Path, dictionary: bool
+) -> None:
+    """A Parquet file of a few KB whose one cell is 17 MiB of text (the tokenizer would ask for ~30 times
+    that per rank, a 300 MB cell aborted both ranks with a Rust backtrace): refused as a JSON line that
+    long is, plain or dictionary-encoded, and the row limit's neighbour of 16 MiB still read."""
+    path = tmp_path / "train.parquet"
+    text = pa.array(["good " * (17 * 2**20 // 5), "bad"])
+    pyarrow.parquet.write_table(
+        pa.table({"text": text.dictionary_encode() if dictionary else text, "label": [0, 1]}),
+        path,
+        compression="zstd",
+        use_dictionary=dictionary,
+    )
+    assert path.stat().st_size < 2**20
+    _one_line(
+        lambda: read_splits(path, HfConfig()),
+        rf"^hf.data: {path}: a cell of 17,825,790 bytes in column 'text'; expected text of at most "
+        "16,777,216 bytes a row$",
+    )
+    pyarrow.parquet.write_table(pa.table({"text": ["a" * 2**24], "label": [0]}), path, compression="zstd")
+    assert len(read_splits(path, HfConfig())[0]["text"][0]) == 2**24
+
+
 def test_text_is_tokenized_a_batch_at_a_time(
     tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,12 +211,25 @@ def _processor() -> Any:
 def test_an_image_past_40_megapixels_is_one_line_from_its_header(tmp_path: Path) -> None:
     big = tmp_path / "big.png"
     _png_header(big, 7000, 7000)
+    processor = _processor()  # outside the timing: the first test to build one imports transformers (~2 s)
     start = time.process_time()
     _one_line(
-        lambda: LazyImages([big], _processor(), tmp_path),
+        lambda: LazyImages([big], processor, tmp_path),
         f"^hf.data: {big}: 7000x7000 pixels, over the 40,000,000 an image may have here",
     )
     assert time.process_time() - start < 2  # refused from the header: 147 MB never decoded
+
+
+@pytest.mark.filterwarnings("error")
+def test_an_image_past_pils_warning_limit_is_the_same_one_line_with_no_warning(tmp_path: Path) -> None:
+    """Past PIL's 89 MP its DecompressionBombWarning printed two lines of its own before ours: the pixel
+    cap is ours, said once."""
+    big = tmp_path / "big.png"
+    _png_header(big, 13000, 13000)
+    _one_line(
+        lambda: LazyImages([big], _processor(), tmp_path),
+        f"^hf.data: {big}: 13000x13000 pixels, over the 40,000,000 an image may have here",
+    )
 
 
 def test_a_fifo_in_an_imagefolder_is_refused_not_opened(tmp_path: Path, within: Callable) -> None:

@@ -278,3 +278,28 @@ def test_lora_on_the_classification_head_is_one_line_naming_the_other_targets(ti
         r"^train\.lora_targets: classifier is the classification head .* its other linear modules: "
         r"dense, key, query, value$",
     )
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [("bert", "int32"), ("gpt2", "int16")])
+def test_integer_weights_are_one_line_but_integer_buffers_load(
+    tiny_hf: Path, tmp_path: Path, kind: str, dtype: str
+) -> None:
+    """Weights stored as integers were cast to floats and trained to COMPLETED with 'validation loss nan';
+    a buffer stored as integers (old BERT checkpoints' position_ids) is no weight and still loads."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(tiny_hf, kind, tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    first = sorted(tensors)[0]
+    buffers = {"extra.position_ids": torch.arange(8, dtype=torch.int64)[None]}
+    save_file(tensors | buffers, folder / "model.safetensors")
+    load_model(folder, TASKS[kind], 3 if kind != "gpt2" else None)
+    save_file(tensors | {first: tensors[first].to(getattr(torch, dtype))}, folder / "model.safetensors")
+    with pytest.raises(BaseException) as error:
+        load_model(folder, TASKS[kind], 3 if kind != "gpt2" else None)
+    _one_line(
+        error.value,
+        f"^hf.model: {folder}/model.safetensors: tensor '{re.escape(first)}' is stored as {dtype}; "
+        "expected floating-point weights$",
+    )
