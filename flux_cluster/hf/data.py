@@ -223,7 +223,7 @@ class SampleError(FluxClusterError):
 def _open_image(value: Any, where: Path, index: int) -> Any:
     """One image as RGB, from a file (a regular one: a FIFO would block the open) or bytes, refused from its
     header when it would decode to more than the pixels an image may have (data encode's cap)."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     name, data, path = f"{where} (sample {index})", None, value
     if isinstance(value, dict):  # datasets' Image feature: {"bytes", "path"}
@@ -251,9 +251,9 @@ def _open_image(value: Any, where: Path, index: int) -> Any:
         reason = str(exc).rsplit(": ", 1)[-1]
         raise SampleError(f"hf.data: {shown}: expected an image file, {printable(reason)}") from None
     except (OSError, ValueError, Image.DecompressionBombError) as exc:  # PIL's UnidentifiedImageError too
-        raise SampleError(
-            f"hf.data: {shown}: expected an image, cannot be read ({first_line(exc)})"
-        ) from None
+        # PIL names the open file object, not the file: its type says it all
+        why = "not a format PIL reads" if isinstance(exc, UnidentifiedImageError) else first_line(exc)
+        raise SampleError(f"hf.data: {shown}: expected an image, cannot be read ({why})") from None
 
 
 class PeerSampleError(FluxClusterError):

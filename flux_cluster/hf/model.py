@@ -23,10 +23,10 @@ HEADS = ("classifier", "score")
 
 def _bad_folder(path: Path, task: str, exc: BaseException) -> FluxClusterError:
     first = first_line(exc)
+    beside = "image processor" if task == "image-classification" else "tokenizer"
     return FluxClusterError(
-        f"hf.model: {path}: expected a local {AUTO_CLASSES[task]} folder (config.json, weights and its "
-        f"{'image processor' if task == 'image-classification' else 'tokenizer'}, as save_pretrained "
-        f"writes): {first}"
+        f"hf.model: {printable(str(path))}: expected a local {AUTO_CLASSES[task]} folder (config.json, "
+        f"weights and its {beside}, as save_pretrained writes): {first}"
     )
 
 
@@ -55,12 +55,12 @@ def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn
     except (RuntimeError, MemoryError) as exc:  # transformers' size mismatch (its report goes to the log)
         if allocation_failed(exc):  # not a file that does not fit: the model config.json gives is too big
             raise FluxClusterError(
-                f"hf.model: {path}: out of memory building the model its config.json gives "
+                f"hf.model: {printable(str(path))}: out of memory building the model its config.json gives "
                 f"({first_line(exc)})"
             ) from None
         raise FluxClusterError(
-            f"hf.model: {path}: the weights do not have the shapes config.json gives; expected the "
-            f"config.json saved with them ({first_line(exc)})"
+            f"hf.model: {printable(str(path))}: the weights do not have the shapes config.json gives; "
+            f"expected the config.json saved with them ({first_line(exc)})"
         ) from None
     check_loaded(folder, model, info)
     return model

@@ -4,6 +4,7 @@ with its tokenizer's pad token, and one line for mismatched weights, non-linear 
 image met later and dp's GPUs unlike system.gpus_per_node."""
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -120,12 +121,14 @@ def test_gpt2_classification_pads_with_the_tokenizers_pad_token() -> None:
 def test_weights_unlike_config_are_one_line_naming_the_folder(tmp_path: Path) -> None:
     from flux_cluster.hf.model import load_model
 
-    _bert().save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "intermediate_size": 12}))
-    with pytest.raises(FluxClusterError, match=f"^hf.model: {tmp_path}: the weights do not have") as error:
-        load_model(tmp_path, "text-classification")
-    assert "\n" not in str(error.value)
+    folder = tmp_path / "bert\x1b[2J"  # a terminal escape in the folder's name reaches no terminal
+    _bert().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 12}))
+    shown = re.escape(f"{tmp_path}/bert\\x1b[2J")
+    with pytest.raises(FluxClusterError, match=f"^hf.model: {shown}: the weights do not have") as error:
+        load_model(folder, "text-classification")
+    assert "\n" not in str(error.value) and "\x1b" not in str(error.value)
 
 
 def test_lora_targets_that_are_not_linear_are_one_line() -> None:
@@ -149,8 +152,9 @@ def test_a_corrupt_image_met_later_is_one_line_naming_the_file(tmp_path: Path) -
     bad.write_bytes(b"not a png")
     images = LazyImages([good, bad], ViTImageProcessor(size={"height": 4, "width": 4}), tmp_path)
     assert images[torch.arange(1)].shape == (1, 3, 4, 4)
-    with pytest.raises(SampleError, match=f"^hf.data: {bad}: expected an image, cannot be read"):
+    with pytest.raises(SampleError, match=f"^hf.data: {bad}: expected an image, cannot be read") as caught:
         images[torch.arange(2)]
+    assert str(caught.value).endswith("(not a format PIL reads)")  # not PIL's '<_io.BufferedReader name=14>'
     with pytest.raises(FluxClusterError, match=f"^hf.data: {bad}: expected an image"):
         LazyImages([bad], ViTImageProcessor(), tmp_path)  # met when made: every rank's, plain error
     assert issubclass(SampleError, FluxClusterError)
