@@ -251,10 +251,11 @@ def check_seq_len(path: Path, task: str, seq_len: int) -> None:
         )
 
 
-def check_fits_weights(folder: ModelFolder, auto: Any, config: Any) -> None:
+def check_fits_weights(folder: ModelFolder, auto: Any, config: Any, labels: int | None = None) -> None:
     """The model config describes (built on the meta device: nothing allocated) holds at most twice the
     weights the folder stores, so loading allocates no more than its files hold (a config.json of another,
-    bigger model, or a vocabulary of 10^10, would otherwise be allocated and initialized at random)."""
+    bigger model, or a vocabulary of 10^10, would otherwise be allocated and initialized at random).
+    ``labels``: the config's head was widened to the data's label count, which the line then blames."""
     import torch
 
     with torch.device("meta"):
@@ -262,6 +263,12 @@ def check_fits_weights(folder: ModelFolder, auto: Any, config: Any) -> None:
     _check_float_weights(folder, [name for name, _ in model.named_parameters()])
     wanted = sum(p.numel() for p in model.parameters())
     stored = folder.stored_parameters
+    if wanted > 2 * stored and labels is not None:
+        raise FluxClusterError(
+            f"hf.data: {labels:,} distinct labels make a classification head that takes the model from "
+            f"{stored:,} to {wanted:,} weights; expected a label column of classes (at most {2 * stored:,} "
+            "weights in all)"
+        )
     if wanted > 2 * stored:
         raise _refuse(
             folder.path / CONFIG,

@@ -45,10 +45,11 @@ def load_model(path: Path, task: str, num_labels: int | None = None) -> torch.nn
     kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32, "trust_remote_code": False}
     try:
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        check_fits_weights(folder, auto, config)  # the model as its files were saved
         if num_labels is not None and config.num_labels < num_labels:
             config.num_labels = num_labels
             kwargs["ignore_mismatched_sizes"] = True
-        check_fits_weights(folder, auto, config)
+            check_fits_weights(folder, auto, config, labels=num_labels)  # with the head the data asks for
         model, info = auto.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _bad_folder(path, task, exc) from None

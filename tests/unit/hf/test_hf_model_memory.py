@@ -22,9 +22,21 @@ def test_an_allocation_failure_is_reported_as_one_not_as_mismatched_weights(
         load_model(folder, "text-classification", num_labels=3)
     assert "describes a bert model of" in str(caught.value)
     # past that check (a config whose weights the files do hold can still be too big to build here)
-    monkeypatch.setattr("flux_cluster.hf.model.check_fits_weights", lambda *args: None)
+    monkeypatch.setattr("flux_cluster.hf.model.check_fits_weights", lambda *args, **kwargs: None)
     with pytest.raises(FluxClusterError) as caught:
         load_model(folder, "text-classification", num_labels=3)
     message = str(caught.value)
     assert "out of memory building the model its config.json gives" in message, message
     assert "do not have the shapes" not in message and "\n" not in message
+
+
+def test_a_head_too_wide_for_the_model_blames_the_datas_labels_not_config_json(tmp_path: Path) -> None:
+    """200,000 distinct labels (a free-text column) widen the head past what the files hold: the line names
+    hf.data and the label count; config.json itself is as saved. A handful of labels loads."""
+    folder = write_tiny_hf(tmp_path / "bert", kind="bert", seed=0)
+    with pytest.raises(FluxClusterError) as caught:
+        load_model(folder, "text-classification", num_labels=200_000)
+    message = str(caught.value)
+    assert message.startswith("hf.data: 200,000 distinct labels make a classification head"), message
+    assert "config.json" not in message and "\n" not in message
+    assert load_model(folder, "text-classification", num_labels=5).config.num_labels == 5
