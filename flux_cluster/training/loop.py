@@ -155,10 +155,10 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
     to resume from, the MLPerf log's header, the model, its data and generator, the state resumed, the
     meter."""
     train_samples = split_size(ctx.data_dir, "train")
-    try:
+    try:  # every rank meets the same refusal: rank 0 says it, the others end quietly
         ctx = fit_batch_at_start(ctx, train_samples)
     except FluxClusterError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit(f"error: {exc}" if info.rank == 0 else 1) from None
     cfg, plan = ctx.plan.train, ctx.plan
     rank0 = info.rank == 0
     checkpoints = Checkpointer(
@@ -170,7 +170,10 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
     if rank0:  # a restart, with or without a checkpoint, starts a new result log
         set_aside_interrupted_log(ctx.result_log)
     mllog = MlperfLog(ctx.result_log, enabled=rank0, echo=False)
-    schedule = Schedule.of(plan, train_samples)
+    try:
+        schedule = Schedule.of(plan, train_samples)
+    except SystemExit as exc:  # its one line, from rank 0 alone
+        raise SystemExit(exc.code if info.rank == 0 else 1) from None
     mllog.header(run_facts(ctx, train_samples), ctx.system.mlperf.ruleset, ctx.cache_cleared)
     if schedule.target is not None:
         mllog.event("target_accuracy", value=schedule.target)  # no constant for it

@@ -55,6 +55,19 @@ def test_a_split_only_the_job_reads_gets_the_default_batch_fitted_at_the_jobs_st
     assert events["batch_fit"]["metadata"]["configured_global"] == 16
     assert events["run_stop"]["metadata"]["samples_count"] == 4  # one step of 4 in the one epoch
 
+    chosen = prepared_run(  # a chosen batch the split cannot hold: one line, from rank 0 alone
+        cli,
+        "train.benchmark=finetune",
+        "train.mode=lora",
+        f"train.pretrained_path={tiny_pipeline}",
+        "train.synthetic_data=null",
+        "paths.data_root=/cluster/encoded",
+        "train.global_batch_size=16",
+    )
+    process = start_ranks(chosen, FLUX_DATA_DIR=str(data))
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode != 0 and output.count("error: train.global_batch_size") == 1, output[-3000:]
+
 
 def test_the_hf_workload_fits_a_default_batch_to_its_loaded_split_and_names_values_for_a_chosen_one(
     cli: CliRunner, workdir: Path
