@@ -33,15 +33,9 @@ def test_a_split_only_the_job_reads_gets_the_default_batch_fitted_at_the_jobs_st
     result = cli.invoke(app, encode_args(images, data, tiny_pipeline, workdir / "cache"))
     assert result.exit_code == 0, result.output[-3000:]
     # submit sees another path (the cluster's), so it cannot read the split: the job fits the batch
-    run_dir = prepared_run(
-        cli,
-        "train.benchmark=finetune",
-        "train.mode=lora",
-        f"train.pretrained_path={tiny_pipeline}",
-        "train.synthetic_data=null",
-        "paths.data_root=/cluster/encoded",
-        "train.epochs=1",
-    )
+    lora = ("train.benchmark=finetune", "train.mode=lora", f"train.pretrained_path={tiny_pipeline}")
+    elsewhere = (*lora, "train.synthetic_data=null", "paths.data_root=/cluster/encoded")
+    run_dir = prepared_run(cli, *elsewhere, "train.epochs=1")
     output = finish(start_ranks(run_dir, FLUX_DATA_DIR=str(data)))
     line = (
         "[train] batch: the train split holds 5 samples, fewer than the default global batch 16: this run "
@@ -55,15 +49,8 @@ def test_a_split_only_the_job_reads_gets_the_default_batch_fitted_at_the_jobs_st
     assert events["batch_fit"]["metadata"]["configured_global"] == 16
     assert events["run_stop"]["metadata"]["samples_count"] == 4  # one step of 4 in the one epoch
 
-    chosen = prepared_run(  # a chosen batch the split cannot hold: one line, from rank 0 alone
-        cli,
-        "train.benchmark=finetune",
-        "train.mode=lora",
-        f"train.pretrained_path={tiny_pipeline}",
-        "train.synthetic_data=null",
-        "paths.data_root=/cluster/encoded",
-        "train.global_batch_size=16",
-    )
+    # a chosen batch the split cannot hold: one line, from rank 0 alone
+    chosen = prepared_run(cli, *elsewhere, "train.global_batch_size=16")
     process = start_ranks(chosen, FLUX_DATA_DIR=str(data))
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0 and output.count("error: train.global_batch_size") == 1, output[-3000:]
