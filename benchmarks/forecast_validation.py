@@ -25,8 +25,9 @@ NAME = Path("shared") / "data" / "mlperf_v51_scaling.tar.gz"
 ARCHIVES = [parent / NAME for parent in Path(__file__).resolve().parents[1:4]]
 HEADER = (
     "| forecast from | sharding | target | GPUs | batch | per GPU | forecast min | band | official | error "
-    "| in band | band width |"
+    "| in band | band width | samples/s error | samples error |"
 )
+RULE = "|---|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|"
 SHARDINGS = {"world": "FSDP over every GPU", None: "HSDP, a node per shard group"}
 GOAL = (0.10, 0.20, 0.30)
 """Median and worst absolute error, widest band (each side)."""
@@ -60,13 +61,15 @@ def validate(root: Path, dp_shard: str | None, bandwidth: float | None = None) -
         )
         for row in result.rows:
             assert row.target is not None and row.actual_minutes is not None and row.error is not None
+            assert row.rate_error is not None and row.samples_error is not None
             rows.append(row)
             lines.append(
                 f"| {name} | {SHARDINGS[dp_shard]} | {Path(row.target).parent.name} | {row.gpus} | "
                 f"{row.global_batch_size} | {row.per_gpu_batch:g} | {row.minutes:.2f} | "
                 f"{row.minutes_low:.2f}..{row.minutes_high:.2f} | {row.actual_minutes:.2f} | "
                 f"{row.error:+.1%} | "
-                f"{'yes' if row.inside else 'NO'} | +-{width(row):.0%} |"
+                f"{'yes' if row.inside else 'NO'} | +-{width(row):.0%} | {row.rate_error:+.1%} | "
+                f"{row.samples_error:+.1%} |"
             )
     return lines, rows
 
@@ -114,7 +117,7 @@ def main(archive: Path, with_sensitivity: bool) -> int:
             lines, rows = validate(root, dp_shard)
             print(f"\n### {SHARDINGS[dp_shard]}\n")
             print(HEADER)
-            print("|---|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|")
+            print(RULE)
             print("\n".join(lines))
             text, ok = summary(rows)
             print(f"\n{text}")

@@ -113,6 +113,34 @@ def reference(ruleset: str, batch: int, benchmark: str = "flux1") -> Reference:
     )
 
 
+@cache
+def reference_spread(benchmark: str = "flux1") -> tuple[float, tuple[str, ...]]:
+    """(relative standard deviation, the rulesets compared) of a reference set's mean samples to converge
+    at one batch: how far apart the installed mlperf_logging's RCP files of different rulesets put the mean
+    at the batches they share (identical files counted once; flux1's 5.1.0 and 6.0.0 differ by 1.6-11.6% at
+    the same learning rate and warmup). Two sets differ by sqrt(2) standard deviations, so the spread is
+    the root mean square of the log ratios over sqrt(2). What another implementation, or other
+    hyperparameters, may add to a submission's convergence beyond the RCP's own run-to-run spread; (0.0, ())
+    with fewer than two distinct files."""
+    from flux_cluster.mlperf_rules import RULESETS
+
+    means: dict[tuple[tuple[int, float], ...], str] = {}
+    for ruleset in RULESETS:
+        if has_rcps(ruleset, benchmark):
+            points = _checker(ruleset, benchmark).rcp_data.values()
+            means.setdefault(tuple(sorted((int(r["BS"]), float(r["RCP Mean"])) for r in points)), ruleset)
+    sets = [dict(points) for points in means]
+    logs = [
+        math.log(a[batch] / b[batch])
+        for i, a in enumerate(sets)
+        for b in sets[i + 1 :]
+        for batch in a.keys() & b.keys()
+    ]
+    if not logs:
+        return 0.0, ()
+    return math.sqrt(statistics.fmean(x * x for x in logs) / 2), tuple(means.values())
+
+
 def submission_runs(benchmark: str) -> int:
     """Result files the checker expects of a submission (flux1: 10)."""
     from mlperf_logging.rcp_checker import rcp_checker

@@ -27,8 +27,8 @@ Step time of data-parallel FSDP2/HSDP training at ``m`` samples per GPU on ``n``
 - ``a`` (fixed: optimizer, launch) and ``b`` (per sample) are fitted to the inputs' step times by least
   squares over at least two per-GPU batch sizes, each input in its regime (compute- or communication-
   bound). With one per-GPU batch ``a`` is not measured: it is taken as ``FIXED_SHARE`` of the measured
-  step's compute at most (the optimizer pass over a GPU's shard and the launches: a few ms of a step of
-  hundreds), the point at half of it, the band at both ends; the row says it extrapolates.
+  step's compute at most (what a FLUX step measured on one GPU does not shrink by with the batch), the
+  point at half of it, the band at both ends; the row says it extrapolates.
 
 The band: every uncertain input of the model at both ends of its range (efficiency, exposed share, the
 unmeasured fixed part), each taken as two standard deviations and combined in quadrature with the
@@ -59,9 +59,14 @@ of a step (about 2% with some 60 FSDP blocks)."""
 EXPOSED_RANGE = (0.05, 0.3)
 OVERLAP_CPU = 1.0
 """gloo on CPU: the collectives run on the compute threads, nothing overlaps."""
-FIXED_SHARE = 0.05
-"""With one measured per-GPU batch: the fixed part is at most this share of the measured step's compute
-(the optimizer pass over one GPU's shard and the kernel launches: a few ms of a step of hundreds)."""
+FIXED_SHARE = 0.27
+"""With one measured per-GPU batch: the fixed part is at most this share of the measured step's compute.
+Measured (docs/benchmarks.md, one H100, 2026-11-27): our bf16 step of the flux-schnell-wide proxy at
+micro-batch 32 and 64 (97.36 and 109.07 samples/s) is 70.6 ms + 8.07 ms per sample, so 27% of the compute
+at 32 does not shrink with the batch (fp8 on an H200: 37%). That includes an optimizer pass over the whole
+unsharded proxy (some 20-40 ms) which a sharded run spreads over its GPUs, so it bounds the fixed part
+from above; the point, half of it, is about what is left without the optimizer: launches, and kernels
+that run less efficiently on fewer samples."""
 REDUCE_BYTES = 4
 """Gradients are reduced in float32 (training/parallelize.py reduce_dtype)."""
 Z = 2.0
@@ -299,17 +304,21 @@ def olympic_sd(runs: int = 10, draws: int = 20000) -> float:
 
 
 def samples_band(
-    mean: float, stdev: float, ratio: float, doublings: float = 0.0, runs: int = 10
+    mean: float, stdev: float, ratio: float, doublings: float = 0.0, runs: int = 10, systematic: float = 0.0
 ) -> tuple[float, float, float]:
     """(low, point, high) samples to converge whose score counts: the RCP mean times the inputs' own
     convergence ratio (never below 1: the summarizer scales a faster submission up to the RCP mean, so
-    the RCP mean is also the low end); high: Z standard deviations of a submission's olympic mean and of
-    carrying the ratio to this batch. That last is an assumption, not measured (no submission publishes its
-    convergence at batches it did not run): the ratio may drift by one reference run's standard deviation
-    per doubling of the batch away from the nearest measured one (at least one, even at a measured batch:
-    another submission's hyperparameters at the same batch converge differently)."""
+    the RCP mean is also the low end); high: Z standard deviations of three things, in quadrature:
+    - a submission's olympic mean (``olympic_sd`` of one reference run's ``stdev``);
+    - carrying the ratio to this batch: it may drift by one reference run's standard deviation per doubling
+      of the batch away from the nearest measured one (an assumption: no submission publishes its
+      convergence at batches it did not run);
+    - another implementation or other hyperparameters at the same batch: ``systematic``, the relative
+      spread between the rulesets' reference sets (rcp.reference_spread), at least one reference run's
+      standard deviation."""
     point = mean * max(1.0, ratio)
-    spread = math.hypot(olympic_sd(runs) * stdev, max(1.0, doublings) * stdev)
+    same_batch = max(stdev, systematic * mean)
+    spread = quadrature(olympic_sd(runs) * stdev, doublings * stdev, same_batch)
     return mean, point, point + Z * spread
 
 

@@ -31,7 +31,7 @@ from flux_cluster.report.forecast.model import (
     quadrature,
     samples_band,
 )
-from flux_cluster.report.rcp import reference
+from flux_cluster.report.rcp import reference, reference_spread
 
 PARAM_BYTES = {"bfloat16": 2, "float32": 4}
 
@@ -136,6 +136,14 @@ class Row:
     """minutes / actual_minutes - 1."""
     inside: bool | None = None
     """actual_minutes within [minutes_low, minutes_high]."""
+    actual_samples_per_s: float | None = None
+    """--target: its measured training throughput (block_start..block_stop, the mean over its runs)."""
+    actual_samples_to_converge: float | None = None
+    """--target: its samples to converge (the olympic mean of its runs'), unscaled."""
+    rate_error: float | None = None
+    """samples_per_s / actual_samples_per_s - 1: the step model's share of the error (positive: fast)."""
+    samples_error: float | None = None
+    """samples_to_converge / actual_samples_to_converge - 1: the convergence's share (negative: too few)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,6 +272,7 @@ class StepModel:
             "param_bytes": self.setup.param_bytes,
             "dp_shard": self.setup.dp_shard,
             "convergence_ratio": self.convergence_ratio,
+            "convergence_reference_spread": reference_spread()[0],
             "eval_fixed_s": self.eval_fixed,
             "eval_per_sample_s": self.eval_per_sample,
             "eval_from": self.eval_from,
@@ -284,7 +293,10 @@ class StepModel:
 
         ref = reference(setup.ruleset, batch)
         doublings = min((abs(math.log2(batch / b)) for b in self.ratio_batches), default=0.0)
-        low_s, samples, high_s = samples_band(ref.mean, ref.stdev, self.convergence_ratio, doublings)
+        spread, compared = reference_spread()
+        low_s, samples, high_s = samples_band(
+            ref.mean, ref.stdev, self.convergence_ratio, doublings, systematic=spread
+        )
         evals = evaluations(samples, batch, setup.mlperf.eval_interval_samples)
         eval_s = self.eval_seconds(gpus)
         minutes = (samples / batch * step + evals * eval_s) / 60
@@ -303,6 +315,12 @@ class StepModel:
                 f"{doublings:.2g} batch doublings away)"
                 if self.ratio_batches
                 else " (nothing measured converged: the reference's convergence)"
+            )
+            + (
+                f", up to {high_s:,.0f} (another implementation's or other hyperparameters' convergence: "
+                f"the {' and '.join(compared)} RCP means differ by {spread:.1%}, one sd)"
+                if compared
+                else f", up to {high_s:,.0f}"
             ),
             f"{evals} evals x {eval_s:.3g} s ({self.eval_from})",
         ]
@@ -376,6 +394,11 @@ def forecast_rows(
         row.target, row.actual_minutes = target.path, target.score_minutes
         row.error = row.minutes / target.score_minutes - 1
         row.inside = row.minutes_low <= target.score_minutes <= row.minutes_high
+        row.actual_samples_per_s = target.global_batch / target.sample.step_s
+        row.rate_error = row.samples_per_s / row.actual_samples_per_s - 1
+        if target.samples_to_converge:
+            row.actual_samples_to_converge = target.samples_to_converge
+            row.samples_error = row.samples_to_converge / target.samples_to_converge - 1
         row.basis += off_reference(setup.ruleset, target)
         rows.append(row)
     result = Forecast(

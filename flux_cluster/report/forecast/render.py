@@ -34,20 +34,26 @@ COLUMNS = [
     Column("official", lambda r: r.actual_minutes, "{:,.2f}"),
     Column("error", lambda r: r.error, "{:+.1%}"),
     Column("in band", lambda r: None if r.inside is None else ("yes" if r.inside else "NO")),
+    Column("samples/s error", lambda r: r.rate_error, "{:+.1%}"),
+    Column("samples error", lambda r: r.samples_error, "{:+.1%}"),
     Column("extrapolated", lambda r: "yes" if r.extrapolated else None),
 ]
+TARGET_COLUMNS = ("official", "error", "in band", "samples/s error", "samples error")
+"""Shown only where there are --target rows: the forecast against the official score, and which part of
+it missed (the step model's samples/s, or the convergence)."""
 CSV_FIELDS = [
     "gpus", "nodes", "global_batch_size", "per_gpu_batch", "samples_per_s", "samples_per_s_low",
     "samples_per_s_high", "samples_to_converge", "samples_to_converge_low", "samples_to_converge_high",
     "minutes", "minutes_low", "minutes_high", "gpu_hours", "usd", "extrapolated", "batch_from", "target",
-    "actual_minutes", "error", "inside", "basis",
+    "actual_minutes", "error", "inside", "actual_samples_per_s", "rate_error", "actual_samples_to_converge",
+    "samples_error", "basis",
 ]  # fmt: skip
 
 
 def _shown(forecast: Forecast) -> list[Column]:
     """The target columns only where there are targets."""
     targets = any(r.target for r in forecast.rows)
-    return [c for c in COLUMNS if targets or c.header not in ("official", "error", "in band")]
+    return [c for c in COLUMNS if targets or c.header not in TARGET_COLUMNS]
 
 
 def _lines(forecast: Forecast) -> list[str]:

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -31,9 +32,10 @@ from flux_cluster.report.forecast.model import (
     evaluations,
     fit_steps,
     olympic_sd,
+    samples_band,
 )
 from flux_cluster.report.forecast.points import Setup, default_batch, make_setup
-from flux_cluster.report.rcp import reference
+from flux_cluster.report.rcp import rcp_file, reference, reference_spread
 from flux_cluster.sweepdir import Point, SweepState
 
 __all__ = ["sample"]
@@ -138,6 +140,40 @@ def test_convergence_is_the_rcp_the_checker_uses_with_its_olympic_spread() -> No
     assert default_batch(b200, 64) == 512 and default_batch(b200, 16) == 512
 
 
+def _olympic_means(ruleset: str) -> dict[int, float]:
+    data = json.loads(rcp_file(ruleset, "flux1").read_text())
+    return {int(r["BS"]): statistics.fmean(sorted(r["samples to converge"])[1:-1]) for r in data.values()}
+
+
+def test_the_convergence_band_carries_the_spread_between_the_reference_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spread, compared = reference_spread()
+    assert compared == ("5.1.0", "6.0.0")  # 6.1.0's file is 6.0.0's: counted once
+    old, new = _olympic_means("5.1.0"), _olympic_means("6.0.0")
+    logs = [math.log(old[b] / new[b]) for b in old]
+    assert len(logs) == 4 and spread == pytest.approx(math.sqrt(statistics.fmean(x * x for x in logs) / 2))
+    assert 0.03 < spread < 0.07
+    # one distinct file: nothing to compare
+    monkeypatch.setattr("flux_cluster.mlperf_rules.RULESETS", ("6.0.0", "6.1.0"))
+    reference_spread.cache_clear()
+    try:
+        assert reference_spread() == (0.0, ())
+    finally:
+        monkeypatch.undo()
+        reference_spread.cache_clear()
+    # the band: above the point only; at a measured batch at least one reference run's spread, the
+    # reference sets' spread where larger, and one more spread per batch doubling away
+    mean, sd = 15_000_000.0, 300_000.0
+    low, point, high = samples_band(mean, sd, 0.9, 0.0, systematic=0.0)
+    assert (low, point) == (mean, mean)
+    assert high == pytest.approx(mean + 2 * math.hypot(olympic_sd() * sd, sd))
+    wider = samples_band(mean, sd, 1.1, 0.0, systematic=0.05)[2] - 1.1 * mean
+    assert wider == pytest.approx(2 * math.hypot(olympic_sd() * sd, 0.05 * mean))
+    far = samples_band(mean, sd, 1.1, 2.0, systematic=0.05)[2] - 1.1 * mean
+    assert far == pytest.approx(2 * math.sqrt((olympic_sd() * sd) ** 2 + (2 * sd) ** 2 + (0.05 * mean) ** 2))
+
+
 def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, scaling: Path) -> None:
     result = api.forecast(
         [sample / GROUP, tyche(scaling, 72)],
@@ -149,10 +185,26 @@ def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, sc
     (row,) = result.rows
     assert (row.gpus, row.global_batch_size, row.per_gpu_batch) == (512, 2048, 4)
     assert row.actual_minutes == pytest.approx(17.91264166666667)  # the official score
-    # the official score inside the band; the point 21% fast (docs/benchmarks.md: NeMo ran it with tensor
-    # parallelism 4, not this FSDP; communication-bound, the forecast is as good as the bandwidth known)
-    assert row.inside and -0.25 < (row.error or 1) < 0
-    assert row.minutes_high / row.minutes - 1 < 0.35 and 1 - row.minutes_low / row.minutes < 0.35
+    # the official score inside the band, the point within 10% (docs/benchmarks.md); the band is wider than
+    # the issue's +-30%: 8x below the measured per-GPU batch, the fixed part is not measured and the step is
+    # communication-bound, so it is as good as the bandwidth known (--bandwidth narrows it)
+    assert row.inside and abs(row.error or 1) < 0.1
+    assert 0.25 < row.minutes_high / row.minutes - 1 < 0.4 and 0.25 < 1 - row.minutes_low / row.minutes < 0.4
+    measured = api.forecast(
+        [sample / GROUP, tyche(scaling, 72)],
+        system="gb200_nvl72",
+        targets=[tyche(scaling, 512)],
+        ruleset="5.1.0",
+        dp_shard="world",
+        bandwidth=720.0,
+    ).rows[0]
+    assert measured.minutes_high - measured.minutes_low < row.minutes_high - row.minutes_low
+    # which part missed by how much: the step (NeMo's 0.184 s at 4 per GPU), the convergence (the RCP at
+    # 2048 times tyche's own ratio at 512 and 2304)
+    assert row.actual_samples_per_s == pytest.approx(2048 / 0.1841, rel=0.01)
+    assert row.rate_error == pytest.approx(row.samples_per_s / row.actual_samples_per_s - 1)
+    assert -0.2 < (row.rate_error or 1) < 0 and -0.1 < (row.samples_error or 1) < 0
+    assert row.actual_samples_to_converge == pytest.approx(11_436_032)
     assert row.extrapolated and "extrapolated: 4 per GPU, measured 32 (one per-GPU batch" in row.basis
     assert "fixed part assumed" in row.basis and not result.model["fixed_measured"]
     # the 4-per-GPU step is mostly what does not shrink: the modelled communication
@@ -163,6 +215,9 @@ def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, sc
     assert row.samples_to_converge_low == pytest.approx(ref.mean)  # a faster submission is scaled to it
     assert row.samples_to_converge > ref.mean  # the inputs converged slower than the RCP: carried over
     assert result.model["convergence_ratio"] > 1.0
+    spread = result.model["convergence_reference_spread"]
+    assert spread == reference_spread()[0]
+    assert f"the 5.1.0 and 6.0.0 RCP means differ by {spread:.1%}, one sd" in row.basis
 
 
 def test_every_format_and_the_deadline(sample: Path, scaling: Path, tmp_path: Path) -> None:
