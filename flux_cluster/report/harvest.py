@@ -48,6 +48,7 @@ _POINT_KEYS = frozenset(
         "number_of_nodes",
         "accelerators_per_node",
         "evaluation_frequency",
+        "tensor_parallelism",
     }
 )
 RULESET_610_KEYS = frozenset(
@@ -174,6 +175,9 @@ class RunResult:
     global_batch_size: int | None = None
     learning_rate: float | None = None
     warmup_steps: int | None = None
+    tensor_parallelism: int | None = None
+    """The run's tensor-parallel degree, where its log says it (6.1.0 requires it; earlier rulesets'
+    logs do not carry it)."""
     seed: int | None = None
     evals: int = 0
     eval_minutes: float = 0.0
@@ -430,6 +434,7 @@ def _fill(result: RunResult, scan: _Scan, default_target: float) -> None:
     result.global_batch_size = _number(points.get("global_batch_size"), int)
     result.learning_rate = _number(points.get("opt_base_learning_rate"), float)
     result.warmup_steps = _number(points.get("opt_learning_rate_warmup_steps"), int)
+    result.tensor_parallelism = _number(points.get("tensor_parallelism"), int)
     result.seed = _number(points.get("seed"), int)
     target = _number(points.get("target_accuracy"), float)
     result.target = target if target is not None else default_target

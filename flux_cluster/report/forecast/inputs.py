@@ -5,6 +5,7 @@ throughput sweeps (their points' records). Each problem is one line naming the p
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.report.build import Options, build
@@ -13,6 +14,7 @@ from flux_cluster.report.rcp import has_rcps, reference
 from flux_cluster.report.scoring import GroupResult
 from flux_cluster.sweepdir import SweepState, is_sweep_folder, summary_rows
 
+T = TypeVar("T")
 P90_SIGMAS = 1.2816
 """A normal distribution's 90th percentile in standard deviations: a sweep's step-time spread is
 (p90 - p50) / p50 / P90_SIGMAS."""
@@ -41,6 +43,8 @@ class Measured:
     ruleset_from: str | None = None
     hyperparameters: tuple[float | None, int | None] = (None, None)
     """The runs' learning rate and warmup steps, where they agree."""
+    tensor_parallelism: int | None = None
+    """The runs' tensor-parallel degree, where their logs say it (6.1.0) and agree."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -90,7 +94,8 @@ def _from_group(group: GroupResult) -> Measured:
         samples_to_converge=group.samples_to_converge,
         ruleset=group.ruleset,
         ruleset_from=group.ruleset_from,
-        hyperparameters=_agreed([(r.learning_rate, r.warmup_steps) for r in group.runs]),
+        hyperparameters=_agreed([(r.learning_rate, r.warmup_steps) for r in group.runs]) or (None, None),
+        tensor_parallelism=_agreed([r.tensor_parallelism for r in group.runs]),
         warnings=list(group.warnings),
     )
     if group.olympic_minutes is not None:
@@ -105,8 +110,8 @@ def _from_group(group: GroupResult) -> Measured:
     return measured
 
 
-def _agreed(values: list[tuple[float | None, int | None]]) -> tuple[float | None, int | None]:
-    return values[0] if len(set(values)) == 1 else (None, None)
+def _agreed(values: list[T]) -> T | None:
+    return values[0] if len(set(values)) == 1 else None
 
 
 def _is_run_dir(group: GroupResult) -> bool:

@@ -400,6 +400,11 @@ def forecast_rows(
             row.actual_samples_to_converge = target.samples_to_converge
             row.samples_error = row.samples_to_converge / target.samples_to_converge - 1
         row.basis += off_reference(setup.ruleset, target)
+        if (target.tensor_parallelism or 1) > 1:
+            row.basis += (
+                f"; the target ran tensor parallelism {target.tensor_parallelism} (its logs), the forecast "
+                "data-parallel FSDP/HSDP: the comparison is across layouts"
+            )
         rows.append(row)
     result = Forecast(
         rows=rows,
@@ -409,6 +414,12 @@ def forecast_rows(
         ruleset_from=setup.ruleset_from,
         system=setup.system.name,
     )
+    result.warnings += [
+        f"{m.path}: ran tensor parallelism {m.tensor_parallelism} (its logs): its step holds tensor-parallel "
+        "communication, and the fit takes it as data-parallel FSDP/HSDP (each GPU gathering every parameter)"
+        for m in measured
+        if (m.tensor_parallelism or 1) > 1
+    ]
     if deadline is not None:
         result.deadline = cheapest_within(rows, deadline)
     return result

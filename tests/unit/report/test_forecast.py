@@ -405,3 +405,25 @@ def test_forecast_takes_the_format_names_report_takes(sample: Path) -> None:
         re.search(r"is not one of (.*?)\. \(see", " ".join(r.output.split())) for r in (forecast, report)
     ]
     assert names[0] and names[1] and names[0][1] == names[1][1] == "'table', 'json', 'csv', 'md', 'html'"
+
+
+def test_a_tensor_parallel_layout_in_the_logs_is_said(sample: Path, tmp_path: Path) -> None:
+    # 6.1.0 logs carry tensor_parallelism: a target run with TP 4 is a comparison across layouts, and an
+    # input run with it is fitted as if it were data-parallel; both said, neither silent
+    layout = tmp_path / "NVIDIA" / "results" / "tp4" / "flux1"
+    shutil.copytree(sample / GROUP, layout)
+    (tmp_path / "NVIDIA" / "systems").mkdir()
+    shutil.copy(
+        sample / "NVIDIA/systems/tyche_ngpu16_ngc25.09_nemo.json", tmp_path / "NVIDIA/systems/tp4.json"
+    )
+    for log in layout.glob("result_*.txt"):
+        text = log.read_text()
+        line = ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": '
+        log.write_text(text + line + '"tensor_parallelism", "value": 4, "metadata": {}}\n')
+    plain = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[sample / GROUP], ruleset="5.1.0")
+    assert "tensor parallelism" not in plain.rows[0].basis and not plain.warnings
+    tp = api.forecast([layout], system="gb200_nvl72", targets=[layout], ruleset="5.1.0")
+    assert "the target ran tensor parallelism 4 (its logs)" in tp.rows[0].basis
+    assert [w for w in tp.warnings if f"{layout}: ran tensor parallelism 4" in w]
+    one = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[layout], ruleset="5.1.0", gpus=[72])
+    assert not one.warnings and "tensor parallelism 4" in one.rows[-1].basis  # the target only
