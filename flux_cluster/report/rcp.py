@@ -117,17 +117,18 @@ def reference(ruleset: str, batch: int, benchmark: str = "flux1") -> Reference:
 def reference_spread(benchmark: str = "flux1") -> tuple[float, tuple[str, ...]]:
     """(relative standard deviation, the rulesets compared) of a reference set's mean samples to converge
     at one batch: how far apart the installed mlperf_logging's RCP files of different rulesets put the mean
-    at the batches they share (identical files counted once; flux1's 5.1.0 and 6.0.0 differ by 1.6-11.6% at
-    the same learning rate and warmup). Two sets differ by sqrt(2) standard deviations, so the spread is
-    the root mean square of the log ratios over sqrt(2). What another implementation, or other
-    hyperparameters, may add to a submission's convergence beyond the RCP's own run-to-run spread; (0.0, ())
+    at the batches whose points the checker keeps in both (its pruned points; identical files counted
+    once). flux1's 5.1.0 and 6.0.0 sets differ by 1.6-13.1% at 512, 2048 and 4096, each with the same
+    learning rate and warmup: a shift between two runs of the same reference, the one evidence of how much a
+    mean moves with the implementation beyond the RCP's run-to-run spread. Two sets differ by sqrt(2)
+    standard deviations, so the spread is the root mean square of the log ratios over sqrt(2); (0.0, ())
     with fewer than two distinct files."""
     from flux_cluster.mlperf_rules import RULESETS
 
     means: dict[tuple[tuple[int, float], ...], str] = {}
     for ruleset in RULESETS:
         if has_rcps(ruleset, benchmark):
-            points = _checker(ruleset, benchmark).rcp_data.values()
+            points = _checker(ruleset, benchmark).pruned_rcp_data.values()
             means.setdefault(tuple(sorted((int(r["BS"]), float(r["RCP Mean"])) for r in points)), ruleset)
     sets = [dict(points) for points in means]
     logs = [

@@ -64,9 +64,10 @@ FIXED_SHARE = 0.27
 Measured (docs/benchmarks.md, one H100, 2026-11-27): our bf16 step of the flux-schnell-wide proxy at
 micro-batch 32 and 64 (97.36 and 109.07 samples/s) is 70.6 ms + 8.07 ms per sample, so 27% of the compute
 at 32 does not shrink with the batch (fp8 on an H200: 37%). That includes an optimizer pass over the whole
-unsharded proxy (some 20-40 ms) which a sharded run spreads over its GPUs, so it bounds the fixed part
-from above; the point, half of it, is about what is left without the optimizer: launches, and kernels
-that run less efficiently on fewer samples."""
+unsharded proxy (about 21-25 ms by its memory traffic: 2.5 B parameters, some 28 bytes each, at 3.35 TB/s)
+which a sharded run spreads over its GPUs, so it bounds the fixed part from above (without it: 18-19%).
+The point is at half of it, as for every unmeasured range here; one measured pair, so the band, not the
+point, is what to read."""
 REDUCE_BYTES = 4
 """Gradients are reduced in float32 (training/parallelize.py reduce_dtype)."""
 Z = 2.0

@@ -143,7 +143,10 @@ class Row:
     rate_error: float | None = None
     """samples_per_s / actual_samples_per_s - 1: the step model's share of the error (positive: fast)."""
     samples_error: float | None = None
-    """samples_to_converge / actual_samples_to_converge - 1: the convergence's share (negative: too few)."""
+    """samples_to_converge over the samples the score counts (actual_samples_to_converge, or the RCP mean
+    where the summarizer scales a faster target up to it) - 1: the convergence's share (negative: too
+    few). The two shares do not multiply to ``error`` exactly: evaluation and what lies outside the
+    training blocks are in neither."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -318,7 +321,7 @@ class StepModel:
             )
             + (
                 f", up to {high_s:,.0f} (another implementation's or other hyperparameters' convergence: "
-                f"the {' and '.join(compared)} RCP means differ by {spread:.1%}, one sd)"
+                f"the spread between the {' and '.join(compared)} RCP sets, {spread:.1%} sd)"
                 if compared
                 else f", up to {high_s:,.0f}"
             ),
@@ -398,7 +401,8 @@ def forecast_rows(
         row.rate_error = row.samples_per_s / row.actual_samples_per_s - 1
         if target.samples_to_converge:
             row.actual_samples_to_converge = target.samples_to_converge
-            row.samples_error = row.samples_to_converge / target.samples_to_converge - 1
+            counted = max(target.samples_to_converge, reference(setup.ruleset, target.global_batch).mean)
+            row.samples_error = row.samples_to_converge / counted - 1
         row.basis += off_reference(setup.ruleset, target)
         if (target.tensor_parallelism or 1) > 1:
             row.basis += (

@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,8 +152,9 @@ def test_the_convergence_band_carries_the_spread_between_the_reference_sets(
     spread, compared = reference_spread()
     assert compared == ("5.1.0", "6.0.0")  # 6.1.0's file is 6.0.0's: counted once
     old, new = _olympic_means("5.1.0"), _olympic_means("6.0.0")
-    logs = [math.log(old[b] / new[b]) for b in old]
-    assert len(logs) == 4 and spread == pytest.approx(math.sqrt(statistics.fmean(x * x for x in logs) / 2))
+    # the batches both keep: the checker prunes 6.0.0's 1024 (slower than the line between its neighbours)
+    logs = [math.log(old[b] / new[b]) for b in (512, 2048, 4096)]
+    assert spread == pytest.approx(math.sqrt(statistics.fmean(x * x for x in logs) / 2))
     assert 0.03 < spread < 0.07
     # one distinct file: nothing to compare
     monkeypatch.setattr("flux_cluster.mlperf_rules.RULESETS", ("6.0.0", "6.1.0"))
@@ -193,7 +195,7 @@ def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, sc
     # the issue's +-30%: 8x below the measured per-GPU batch, the fixed part is not measured and the step is
     # communication-bound, so it is as good as the bandwidth known (--bandwidth narrows it)
     assert row.inside and abs(row.error or 1) < 0.1
-    assert 0.25 < row.minutes_high / row.minutes - 1 < 0.4 and 0.25 < 1 - row.minutes_low / row.minutes < 0.4
+    assert row.minutes_high / row.minutes - 1 < 0.45 and 1 - row.minutes_low / row.minutes < 0.45
     measured = at_512(720.0).rows[0]
     assert measured.minutes_high - measured.minutes_low < row.minutes_high - row.minutes_low
     # which part missed by how much: the step (NeMo's 0.184 s at 4 per GPU), the convergence (the RCP at
@@ -214,7 +216,7 @@ def test_the_512_gpu_gb200_point_from_the_16_and_72_gpu_results(sample: Path, sc
     assert result.model["convergence_ratio"] > 1.0
     spread = result.model["convergence_reference_spread"]
     assert spread == reference_spread()[0]
-    assert f"the 5.1.0 and 6.0.0 RCP means differ by {spread:.1%}, one sd" in row.basis
+    assert f"the spread between the 5.1.0 and 6.0.0 RCP sets, {spread:.1%} sd" in row.basis
 
 
 def test_every_format_and_the_deadline(sample: Path, scaling: Path, tmp_path: Path) -> None:
@@ -404,19 +406,29 @@ def test_forecast_takes_the_format_names_report_takes(sample: Path) -> None:
     assert names[0] and names[1] and names[0][1] == names[1][1] == "'table', 'json', 'csv', 'md', 'html'"
 
 
+def _edited_group(sample: Path, root: Path, name: str, edit: Callable[[str], str]) -> Path:
+    """The sample's group copied as NVIDIA/results/<name>/flux1 under root, each log through ``edit``."""
+    group = root / "NVIDIA" / "results" / name / "flux1"
+    shutil.copytree(sample / GROUP, group)
+    (root / "NVIDIA" / "systems").mkdir(exist_ok=True)
+    shutil.copy(
+        sample / "NVIDIA/systems/tyche_ngpu16_ngc25.09_nemo.json", root / f"NVIDIA/systems/{name}.json"
+    )
+    for log in group.glob("result_*.txt"):
+        log.write_text(edit(log.read_text()))
+    return group
+
+
 def test_a_tensor_parallel_layout_in_the_logs_is_said(sample: Path, tmp_path: Path) -> None:
     # 6.1.0 logs carry tensor_parallelism: a target run with TP 4 is a comparison across layouts, and an
     # input run with it is fitted as if it were data-parallel; both said, neither silent
-    layout = tmp_path / "NVIDIA" / "results" / "tp4" / "flux1"
-    shutil.copytree(sample / GROUP, layout)
-    (tmp_path / "NVIDIA" / "systems").mkdir()
-    shutil.copy(
-        sample / "NVIDIA/systems/tyche_ngpu16_ngc25.09_nemo.json", tmp_path / "NVIDIA/systems/tp4.json"
+    line = ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": '
+    layout = _edited_group(
+        sample,
+        tmp_path,
+        "tp4",
+        lambda text: text + line + '"tensor_parallelism", "value": 4, "metadata": {}}\n',
     )
-    for log in layout.glob("result_*.txt"):
-        text = log.read_text()
-        line = ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": '
-        log.write_text(text + line + '"tensor_parallelism", "value": 4, "metadata": {}}\n')
     plain = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[sample / GROUP], ruleset="5.1.0")
     assert "tensor parallelism" not in plain.rows[0].basis and not plain.warnings
     tp = api.forecast([layout], system="gb200_nvl72", targets=[layout], ruleset="5.1.0")
@@ -424,3 +436,26 @@ def test_a_tensor_parallel_layout_in_the_logs_is_said(sample: Path, tmp_path: Pa
     assert [w for w in tp.warnings if f"{layout}: ran tensor parallelism 4" in w]
     one = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[layout], ruleset="5.1.0", gpus=[72])
     assert not one.warnings and "tensor parallelism 4" in one.rows[-1].basis  # the target only
+
+
+def test_the_error_split_counts_the_samples_the_score_counts(sample: Path, tmp_path: Path) -> None:
+    # a target that converged faster than its RCP is scored as if it took the RCP mean: its convergence
+    # share of the error is against that, not against the samples it took (the sample's 8.39 M samples
+    # read at a batch of 1024, whose RCP mean is 8.75 M)
+    def at_1024(text: str) -> str:
+        return text.replace(
+            '"key": "global_batch_size", "value": 512', '"key": "global_batch_size", "value": 1024'
+        )
+
+    faster = _edited_group(sample, tmp_path, "faster", at_1024)
+    (row,) = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[faster], ruleset="5.1.0").rows
+    mean = reference("5.1.0", 1024).mean
+    assert row.actual_samples_to_converge == pytest.approx(8_388_608) and mean > 8_388_608
+    assert row.samples_error == pytest.approx(row.samples_to_converge / mean - 1)
+    (same,) = api.forecast(
+        [sample / GROUP], system="gb200_nvl72", targets=[sample / GROUP], ruleset="5.1.0"
+    ).rows
+    assert same.actual_samples_to_converge == pytest.approx(8_388_608)
+    assert reference("5.1.0", 512).mean < 8_388_608
+    assert same.samples_error == pytest.approx(same.samples_to_converge / 8_388_608 - 1)
+    assert same.rate_error == pytest.approx(0.0, abs=1e-9)  # its own throughput, at its own scale
