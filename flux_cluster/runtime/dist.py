@@ -89,6 +89,12 @@ def lock_repeat_on_rank0(run_dir: Path, exp_index: int, rank: int) -> IO[str] | 
     return lock
 
 
+def refusal(rank: int, line: object) -> SystemExit:
+    """A refusal every rank meets alike (a bad batch, a damaged folder, a held lock): its one line from
+    rank 0, the other ranks end with exit 1 and say nothing."""
+    return SystemExit(line if rank == 0 else 1)
+
+
 def exit_rank(code: int) -> NoReturn:
     """End a rank whose job is done: run the exit handlers (log files, loader workers), flush, and leave
     without interpreter finalization.

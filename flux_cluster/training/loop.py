@@ -30,7 +30,7 @@ from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.data.loader import val_loader
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.rundir import best_weights_name
-from flux_cluster.runtime.dist import DistInfo, init_distributed
+from flux_cluster.runtime.dist import DistInfo, init_distributed, refusal
 from flux_cluster.runtime.exit_codes import NOT_CONVERGED_EXIT_CODE
 from flux_cluster.runtime.signals import StopRequest, die_with_parent, finish_interrupted, under_torchrun
 from flux_cluster.training.attention import attention_backend
@@ -158,7 +158,7 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
     try:  # every rank meets the same refusal: rank 0 says it, the others end quietly
         ctx = fit_batch_at_start(ctx, train_samples)
     except FluxClusterError as exc:
-        raise SystemExit(f"error: {exc}" if info.rank == 0 else 1) from None
+        raise refusal(info.rank, f"error: {exc}") from None
     cfg, plan = ctx.plan.train, ctx.plan
     rank0 = info.rank == 0
     checkpoints = Checkpointer(
@@ -173,7 +173,7 @@ def _set_up(ctx: JobContext, info: DistInfo) -> _Run:
     try:
         schedule = Schedule.of(plan, train_samples)
     except SystemExit as exc:  # its one line, from rank 0 alone
-        raise SystemExit(exc.code if info.rank == 0 else 1) from None
+        raise refusal(info.rank, exc.code) from None
     mllog.header(run_facts(ctx, train_samples), ctx.system.mlperf.ruleset, ctx.cache_cleared)
     if schedule.target is not None:
         mllog.event("target_accuracy", value=schedule.target)  # no constant for it

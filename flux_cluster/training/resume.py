@@ -12,7 +12,7 @@ from flux_cluster.config.workload import ModelArgs
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.rundir import results_dir
 from flux_cluster.rundir import set_aside_interrupted_log as set_aside_interrupted_log  # the loop's import
-from flux_cluster.runtime.dist import DistInfo, lock_repeat_on_rank0
+from flux_cluster.runtime.dist import DistInfo, lock_repeat_on_rank0, refusal
 from flux_cluster.training.checkpoint import Checkpointer, CheckpointError, from_rank0
 from flux_cluster.training.context import JobContext
 from flux_cluster.training.metrics import Progress, RunClock, say
@@ -26,7 +26,7 @@ def lock_repeat_or_exit(ctx: JobContext, info: DistInfo) -> IO[str] | None:
     try:
         return lock_repeat_on_rank0(ctx.run_dir, ctx.exp_index, info.rank)
     except FluxClusterError as exc:
-        raise SystemExit(f"error: {exc}" if info.rank == 0 else 1) from None
+        raise refusal(info.rank, f"error: {exc}") from None
 
 
 def save_state(

@@ -12,7 +12,7 @@ from flux_cluster.config.workload import ModelArgs, TrainingPlan
 from flux_cluster.data.format import split_size
 from flux_cluster.data.loader import train_loader, val_loader
 from flux_cluster.errors import FluxClusterError
-from flux_cluster.runtime.dist import DistInfo
+from flux_cluster.runtime.dist import DistInfo, refusal
 from flux_cluster.training.attention import probe_backend
 from flux_cluster.training.context import JobContext
 from flux_cluster.training.flops import training_flops_per_sample
@@ -74,7 +74,7 @@ def build_trainer(
         streamed = pretrained_base(Path(pretrained), cfg.base_precision, cfg.mode) if pretrained else None
         model = streamed or build_model(plan.model_args, pretrained)
     except FluxClusterError as exc:  # every rank reads the same folder: rank 0 says it, the others exit 1
-        raise SystemExit(f"error: {exc}" if info.rank == 0 else 1) from None
+        raise refusal(info.rank, f"error: {exc}") from None
     base = None
     if cfg.mode == "lora":
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
@@ -82,7 +82,7 @@ def build_trainer(
             try:
                 load_lora_init(model, Path(cfg.lora_init), cfg.lora_rank, cfg.lora_targets)
             except FluxClusterError as exc:
-                raise SystemExit(f"error: {exc}" if info.rank == 0 else 1) from None
+                raise refusal(info.rank, f"error: {exc}") from None
         base = quantize_base(model, cfg.base_precision, dtype)
         say(info.rank == 0, base.describe())
         notice = whole_base_notice(base, logical_parameter_count(model), dtype.itemsize, plan.dp_shard)

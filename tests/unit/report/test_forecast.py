@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from report_samples import GROUP, sample
+from test_report_output import _submission
 from typer.testing import CliRunner
 
 from flux_cluster import api
@@ -406,14 +407,9 @@ def test_forecast_takes_the_format_names_report_takes(sample: Path) -> None:
     assert names[0] and names[1] and names[0][1] == names[1][1] == "'table', 'json', 'csv', 'md', 'html'"
 
 
-def _edited_group(sample: Path, root: Path, name: str, edit: Callable[[str], str]) -> Path:
-    """The sample's group copied as NVIDIA/results/<name>/flux1 under root, each log through ``edit``."""
-    group = root / "NVIDIA" / "results" / name / "flux1"
-    shutil.copytree(sample / GROUP, group)
-    (root / "NVIDIA" / "systems").mkdir(exist_ok=True)
-    shutil.copy(
-        sample / "NVIDIA/systems/tyche_ngpu16_ngc25.09_nemo.json", root / f"NVIDIA/systems/{name}.json"
-    )
+def _edited_group(sample: Path, root: Path, edit: Callable[[str], str]) -> Path:
+    """The sample's ten runs (report's test copy of its layout), each log through ``edit``."""
+    group = _submission(sample, root, runs=10)
     for log in group.glob("result_*.txt"):
         log.write_text(edit(log.read_text()))
     return group
@@ -425,8 +421,7 @@ def test_a_tensor_parallel_layout_in_the_logs_is_said(sample: Path, tmp_path: Pa
     line = ':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", "key": '
     layout = _edited_group(
         sample,
-        tmp_path,
-        "tp4",
+        tmp_path / "tp4",
         lambda text: text + line + '"tensor_parallelism", "value": 4, "metadata": {}}\n',
     )
     plain = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[sample / GROUP], ruleset="5.1.0")
@@ -447,7 +442,7 @@ def test_the_error_split_counts_the_samples_the_score_counts(sample: Path, tmp_p
             '"key": "global_batch_size", "value": 512', '"key": "global_batch_size", "value": 1024'
         )
 
-    faster = _edited_group(sample, tmp_path, "faster", at_1024)
+    faster = _edited_group(sample, tmp_path / "faster", at_1024)
     (row,) = api.forecast([sample / GROUP], system="gb200_nvl72", targets=[faster], ruleset="5.1.0").rows
     mean = reference("5.1.0", 1024).mean
     assert row.actual_samples_to_converge == pytest.approx(8_388_608) and mean > 8_388_608

@@ -6,7 +6,7 @@ import pytest
 
 from flux_cluster.errors import FluxClusterError
 from flux_cluster.rundir import lock_repeat
-from flux_cluster.runtime.dist import DistInfo, lock_repeat_on_rank0
+from flux_cluster.runtime.dist import DistInfo, lock_repeat_on_rank0, refusal
 
 
 def test_a_second_attempt_of_a_repeat_is_one_line_on_every_rank(one_rank: DistInfo, tmp_path: Path) -> None:
@@ -21,3 +21,9 @@ def test_a_second_attempt_of_a_repeat_is_one_line_on_every_rank(one_rank: DistIn
     assert lock_repeat_on_rank0(run_dir, 1, one_rank.rank) is not None  # another repeat is free
     held.close()
     assert lock_repeat(run_dir, 0) is not None  # released with its file
+
+
+def test_a_refusal_every_rank_meets_is_said_by_rank_0_alone() -> None:
+    line = "error: the lock is held"
+    assert refusal(0, line).code == line  # printed by Python on exit, exit status 1
+    assert refusal(3, line).code == 1  # the other ranks: exit 1, nothing printed
